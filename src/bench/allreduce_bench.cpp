@@ -1,0 +1,248 @@
+// vqa_allreduce_bench: bandwidth and correctness of the communicator's
+// allreduce, in the manner of nccl-tests. For the MPI backend each size is
+// also timed with a raw MPI_Allreduce on the same buffer, interleaved round by
+// round, so the overhead of our layer shows as a ratio.
+//
+//   mpirun -np 2 build/vqa_allreduce_bench -b 4 -e 256M -f 4
+#include <boost/program_options.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "runtime/check.h"         // fatal_user_error
+#include "runtime/communicator.h"  // Communicator, communicator_create
+#include "runtime/distributed.h"   // distributed_init, distributed_raw_allreduce_sum
+
+namespace po = boost::program_options;
+using vqa::runtime::Communicator;
+using vqa::runtime::ReduceOp;
+
+namespace {
+
+struct BenchConfig {
+  std::string min_bytes = "4";
+  std::string max_bytes = "64M";
+  int step_factor = 4;
+  int warmup_iters = 5;
+  int iters = 20;
+  int rounds = 5;
+  std::string dtype = "float";
+  std::string op = "sum";
+  std::string backend = "auto";
+  std::string device = "cpu";
+  bool check = true;
+  bool compare_raw = true;
+};
+
+// "256M" -> 268435456; suffixes K, M, G are powers of 1024.
+int64_t parse_bytes(const std::string& text) {
+  size_t used = 0;
+  int64_t value = std::stoll(text, &used);
+  const std::string suffix = text.substr(used);
+  if (suffix == "K" || suffix == "k") value <<= 10;
+  else if (suffix == "M" || suffix == "m") value <<= 20;
+  else if (suffix == "G" || suffix == "g") value <<= 30;
+  else if (!suffix.empty()) throw std::invalid_argument("bad size '" + text + "'");
+  return value;
+}
+
+// Per-rank input whose reduction is exact in float32 and bfloat16:
+// small integers, so sums of up to a few hundred ranks stay exact.
+void fill_input(torch::Tensor& buffer, int rank) {
+  auto index = torch::arange(buffer.numel(), torch::TensorOptions().dtype(torch::kInt64));
+  auto values = (index.remainder(7) + 1) * (rank + 1);
+  buffer.copy_(values.to(buffer.scalar_type()).to(buffer.device()));
+}
+
+int64_t count_wrong(const torch::Tensor& result, int world_size, ReduceOp op) {
+  auto index = torch::arange(result.numel(), torch::TensorOptions().dtype(torch::kInt64));
+  auto expected = (index.remainder(7) + 1).to(torch::kFloat64) * (world_size * (world_size + 1) / 2);
+  if (op == ReduceOp::kAverage) expected = expected / world_size;
+  // Tolerance: float32 and bfloat16 hold these small integers exactly; an
+  // average may round, by at most half a unit in the last place (2^-8 for bf16).
+  const double tolerance = result.scalar_type() == torch::kBFloat16 ? 1.0 / 128 : 1e-6;
+  auto error = (result.to(torch::kCPU).to(torch::kFloat64) - expected).abs() / expected;
+  return (error > tolerance).sum().item<int64_t>();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Mean seconds per allreduce over `iters`, slowest rank's view.
+double time_ours(Communicator& comm, const torch::Tensor& buffer, ReduceOp op, int iters) {
+  comm.barrier();
+  const auto start = Clock::now();
+  for (int i = 0; i < iters; ++i) comm.allreduce_async(buffer, op)->wait();
+  comm.barrier();
+  return seconds_since(start) / iters;
+}
+
+double time_raw_mpi(Communicator& comm, const torch::Tensor& buffer, int iters) {
+  comm.barrier();
+  const auto start = Clock::now();
+  for (int i = 0; i < iters; ++i) {
+    vqa::runtime::distributed_raw_allreduce_sum(buffer.data_ptr<float>(), buffer.numel());
+  }
+  comm.barrier();
+  return seconds_since(start) / iters;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto& info = vqa::runtime::distributed_init(&argc, &argv);
+  BenchConfig config;
+  po::options_description options("vqa_allreduce_bench options");
+  options.add_options()
+      ("help,h", "print this help and exit")
+      ("minbytes,b", po::value(&config.min_bytes)->default_value(config.min_bytes),
+       "smallest message, bytes per rank (suffixes K, M, G)")
+      ("maxbytes,e", po::value(&config.max_bytes)->default_value(config.max_bytes),
+       "largest message, bytes per rank (suffixes K, M, G)")
+      ("stepfactor,f", po::value(&config.step_factor)->default_value(config.step_factor),
+       "multiply the size by this factor from one row to the next (>= 2)")
+      ("warmup_iters,w", po::value(&config.warmup_iters)->default_value(config.warmup_iters),
+       "untimed allreduces before each size")
+      ("iters,n", po::value(&config.iters)->default_value(config.iters),
+       "timed allreduces per round")
+      ("rounds,r", po::value(&config.rounds)->default_value(config.rounds),
+       "rounds per size; the table shows the median round (ours and raw MPI alternate)")
+      ("datatype,d", po::value(&config.dtype)->default_value(config.dtype),
+       "element type: float (float32) or bf16 (bfloat16)")
+      ("op,o", po::value(&config.op)->default_value(config.op),
+       "reduction: sum or avg (sum, then divide by the number of ranks)")
+      ("backend", po::value(&config.backend)->default_value(config.backend),
+       "communicator: auto (from --device), mpi or nccl")
+      ("device", po::value(&config.device)->default_value(config.device),
+       "where the buffer lives: cpu or cuda (GPU local_rank)")
+      ("check,c", po::value(&config.check)->default_value(config.check),
+       "verify every size's result (1) or not (0); wrong elements make the exit status 1")
+      ("raw", po::value(&config.compare_raw)->default_value(config.compare_raw),
+       "also time raw MPI_Allreduce on the same buffer (MPI backend, float, sum only)");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, options), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    vqa::runtime::fatal_user_error(std::string("vqa_allreduce_bench: ") + e.what() +
+                                   " (see --help)");
+  }
+  if (vm.count("help")) {
+    if (info.rank == 0) std::cout << options << std::endl;
+    vqa::runtime::distributed_finalize();
+    return 0;
+  }
+
+  int64_t min_bytes = 0, max_bytes = 0;
+  try {
+    min_bytes = parse_bytes(config.min_bytes);
+    max_bytes = parse_bytes(config.max_bytes);
+  } catch (const std::exception& e) {
+    vqa::runtime::fatal_user_error(std::string("vqa_allreduce_bench: -b/-e: ") + e.what());
+  }
+  if (config.dtype != "float" && config.dtype != "bf16") {
+    vqa::runtime::fatal_user_error("--datatype must be float or bf16, got '" + config.dtype + "'");
+  }
+  if (config.op != "sum" && config.op != "avg") {
+    vqa::runtime::fatal_user_error("--op must be sum or avg, got '" + config.op + "'");
+  }
+  if (config.step_factor < 2 || min_bytes < 1 || max_bytes < min_bytes || config.iters < 1 ||
+      config.rounds < 1) {
+    vqa::runtime::fatal_user_error("need -f >= 2, 1 <= -b <= -e, -n >= 1 and -r >= 1");
+  }
+
+  const torch::Device device(config.device == "cuda" ? torch::kCUDA : torch::kCPU,
+                             config.device == "cuda" ? info.local_rank : -1);
+  vqa::runtime::Backend backend = vqa::runtime::Backend::kAuto;
+  try {
+    backend = vqa::runtime::backend_from_string(config.backend);
+  } catch (const std::exception& e) {
+    vqa::runtime::fatal_user_error(e.what());
+  }
+  torch::set_num_threads(1);
+  auto comm = vqa::runtime::communicator_create(backend, device);
+  const auto dtype = config.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  const ReduceOp op = config.op == "avg" ? ReduceOp::kAverage : ReduceOp::kSum;
+  const bool raw = config.compare_raw && comm->backend() == vqa::runtime::Backend::kMpi &&
+                   dtype == torch::kFloat32 && op == ReduceOp::kSum;
+  const int n = info.world_size;
+
+  if (info.rank == 0) {
+    std::printf("# vqa_allreduce_bench: %d ranks, backend %s, device %s, %d warm-up + %d x %d "
+                "timed iterations per size (median round)\n",
+                n, vqa::runtime::backend_name(comm->backend()), device.str().c_str(),
+                config.warmup_iters, config.rounds, config.iters);
+    std::printf("# busbw = algbw * 2(n-1)/n; raw = MPI_Allreduce on the same buffer; ratio = ours / raw\n");
+    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %7s\n", "size(B)", "count", "type",
+                "redop", "time(us)", "algbw", "busbw", "#wrong", "raw(us)", "ratio");
+    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %7s\n", "", "(elements)", "", "", "",
+                "(GB/s)", "(GB/s)", "", "", "");
+  }
+
+  int64_t total_wrong = 0;
+  const int64_t element_size = dtype == torch::kBFloat16 ? 2 : 4;
+  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= config.step_factor) {
+    const int64_t count = std::max<int64_t>(1, bytes / element_size);
+    auto buffer = torch::empty({count}, torch::TensorOptions().dtype(dtype).device(device));
+
+    fill_input(buffer, info.rank);
+    comm->allreduce(buffer, op);
+    comm->barrier();
+    int64_t wrong = 0;
+    if (config.check) {
+      wrong = static_cast<int64_t>(comm->sum_scalar(
+          static_cast<double>(count_wrong(buffer, n, op))));
+    }
+    total_wrong += wrong;
+
+    // Timed values grow with every in-place sum; start from small ones so
+    // they stay finite, and time ours and raw MPI in alternating rounds.
+    buffer.fill_(1.0 / 1024);
+    for (int i = 0; i < config.warmup_iters; ++i) comm->allreduce(buffer, op);
+    std::vector<double> ours, baseline;
+    for (int round = 0; round < config.rounds; ++round) {
+      buffer.fill_(1.0 / 1024);
+      ours.push_back(comm->sum_scalar(time_ours(*comm, buffer, op, config.iters)) / n);
+      if (raw) {
+        buffer.fill_(1.0 / 1024);
+        baseline.push_back(comm->sum_scalar(time_raw_mpi(*comm, buffer, config.iters)) / n);
+      }
+    }
+    const double seconds = median(ours);
+    const double actual_bytes = static_cast<double>(count * element_size);
+    const double algbw = actual_bytes / seconds / 1e9;
+    const double busbw = algbw * 2.0 * (n - 1) / n;
+    if (info.rank == 0) {
+      std::printf("%12lld %12lld %6s %5s %11.2f %9.3f %9.3f %7lld", (long long)(count * element_size),
+                  (long long)count, config.dtype.c_str(), config.op.c_str(), seconds * 1e6, algbw,
+                  busbw, (long long)wrong);
+      if (raw) {
+        const double raw_seconds = median(baseline);
+        std::printf(" %11.2f %7.3f\n", raw_seconds * 1e6, seconds / raw_seconds);
+      } else {
+        std::printf(" %11s %7s\n", "-", "-");
+      }
+      std::fflush(stdout);
+    }
+  }
+  if (info.rank == 0) {
+    std::printf("# Out of bounds values : %lld %s\n", (long long)total_wrong,
+                total_wrong == 0 ? "OK" : "FAILED");
+  }
+  comm.reset();
+  vqa::runtime::distributed_finalize();
+  return total_wrong == 0 ? 0 : 1;
+}

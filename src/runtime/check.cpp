@@ -1,0 +1,70 @@
+#include "runtime/check.h"
+
+#include <hdf5.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "runtime/distributed.h"  // distributed_rank_info, distributed_abort
+
+namespace vqa::runtime {
+
+std::string rank_label() {
+  if (!distributed_is_initialized()) {
+    char host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
+    return std::string("rank ? (") + host + ")";
+  }
+  const RankInfo& info = distributed_rank_info();
+  return "rank " + std::to_string(info.rank) + "/" + std::to_string(info.world_size) + " (" +
+         info.host + ")";
+}
+
+namespace {
+[[noreturn]] void end_job(int exit_code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (distributed_is_initialized()) distributed_abort(exit_code);
+  std::_Exit(exit_code);
+}
+}  // namespace
+
+void fatal_error(const char* library, const char* call, const char* file, int line,
+                 const std::string& detail) {
+  std::fprintf(stderr, "[vqa] FATAL %s: %s call `%s` failed at %s:%d: %s\n", rank_label().c_str(),
+               library, call, file, line, detail.c_str());
+  end_job(1);
+}
+
+void fatal_user_error(const std::string& message, int exit_code) {
+  std::fprintf(stderr, "[vqa] error on %s: %s\n", rank_label().c_str(), message.c_str());
+  end_job(exit_code);
+}
+
+std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING] = {0};
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, length);
+}
+
+namespace {
+herr_t collect_hdf5_error(unsigned depth, const H5E_error2_t* error, void* out) {
+  auto* text = static_cast<std::string*>(out);
+  if (!text->empty()) text->append(" <- ");
+  text->append(error->func_name ? error->func_name : "?");
+  text->append(": ");
+  text->append(error->desc ? error->desc : "?");
+  return depth < 3 ? 0 : 1;  // the top few frames say enough
+}
+}  // namespace
+
+std::string hdf5_error_string() {
+  std::string text;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_hdf5_error, &text);
+  return text.empty() ? "no HDF5 error on the stack" : text;
+}
+
+}  // namespace vqa::runtime

@@ -1,0 +1,73 @@
+// The communicator the training loop sees: in-place collectives on tensors
+// with a CPU backend (MPI, on a progress thread) and a GPU backend (NCCL, on a
+// dedicated CUDA stream). Model code never sees it.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+
+#include "runtime/distributed.h"  // RankInfo
+
+namespace vqa::runtime {
+
+enum class ReduceOp { kSum, kAverage };
+enum class Backend { kAuto, kMpi, kNccl };
+
+// "auto" | "mpi" | "nccl"; throws std::invalid_argument on anything else.
+Backend backend_from_string(const std::string& name);
+const char* backend_name(Backend backend);
+
+// The backend that serves tensors on `device`: NCCL for CUDA, MPI for CPU.
+Backend backend_for_device(const torch::Device& device);
+
+// True when this build contains the NCCL backend (VQA_WITH_NCCL).
+bool nccl_backend_built();
+// CUDA devices this process can see; 0 without a GPU or without the NCCL build.
+int cuda_device_count();
+
+// A launched collective. wait() returns once the result may be used by the
+// caller: for MPI, when the reduction has finished on the host; for NCCL,
+// once the compute stream is ordered after it (no host synchronisation).
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+};
+using WorkHandle = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual Backend backend() const = 0;
+  int rank() const { return info_.rank; }
+  int world_size() const { return info_.world_size; }
+
+  // In place on `buffer` (contiguous, float32 or bfloat16, on the backend's
+  // device). The caller keeps the tensor alive and does not touch it until
+  // wait() returns. Every rank must launch the same collectives in the same
+  // order. Main thread only.
+  virtual WorkHandle allreduce_async(const torch::Tensor& buffer, ReduceOp op) = 0;
+  void allreduce(const torch::Tensor& buffer, ReduceOp op) { allreduce_async(buffer, op)->wait(); }
+
+  // Root's values replace every other rank's, in place; blocks until done.
+  virtual void broadcast(const torch::Tensor& buffer, int root) = 0;
+  // Returns once every rank has called it and all collectives launched
+  // before it on this communicator have completed.
+  virtual void barrier() = 0;
+  // Sum of `value` over all ranks, to the host.
+  virtual double sum_scalar(double value) = 0;
+
+ protected:
+  explicit Communicator(const RankInfo& info) : info_(info) {}
+  RankInfo info_;
+};
+
+// Creates the communicator for `requested` (kAuto: from the device). Every
+// rank must call it at the same point; the NCCL backend shares rank 0's
+// unique id with MPI_Bcast and binds this rank to GPU local_rank.
+std::unique_ptr<Communicator> communicator_create(Backend requested, const torch::Device& device);
+
+}  // namespace vqa::runtime

@@ -1,0 +1,134 @@
+#include "runtime/distributed.h"
+
+#include <hdf5.h>
+#include <mpi.h>
+
+#include <atomic>
+#include <algorithm>
+#include <cstdlib>
+
+#include "runtime/check.h"  // VQA_CHECK_MPI, fatal_user_error
+
+namespace vqa::runtime {
+
+namespace {
+RankInfo g_info;
+std::atomic<bool> g_initialized{false};
+MPI_Comm g_io_comm = MPI_COMM_NULL;  // reserved for MPI-IO on the loader thread
+}  // namespace
+
+const RankInfo& distributed_init(int* argc, char*** argv) {
+  VQA_CHECK(!g_initialized.load(), "distributed_init called twice");
+  int provided = MPI_THREAD_SINGLE;
+  VQA_CHECK_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+  // Errors come back as return codes so that our checks can name the call.
+  VQA_CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  VQA_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &g_info.rank));
+  VQA_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &g_info.world_size));
+
+  char host[MPI_MAX_PROCESSOR_NAME] = {0};
+  int host_length = 0;
+  VQA_CHECK_MPI(MPI_Get_processor_name(host, &host_length));
+  g_info.host.assign(host, host_length);
+
+  // Local rank from the ranks that share memory with us: works under mpirun,
+  // srun and any other launcher, unlike one launcher's environment variables.
+  MPI_Comm node_comm = MPI_COMM_NULL;
+  VQA_CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_info.rank,
+                                    MPI_INFO_NULL, &node_comm));
+  VQA_CHECK_MPI(MPI_Comm_rank(node_comm, &g_info.local_rank));
+  VQA_CHECK_MPI(MPI_Comm_size(node_comm, &g_info.local_size));
+  VQA_CHECK_MPI(MPI_Comm_free(&node_comm));
+
+  VQA_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &g_io_comm));
+  g_initialized = true;
+  if (provided < MPI_THREAD_MULTIPLE) {
+    fatal_user_error("the MPI library gives thread level " + std::to_string(provided) +
+                     " but vqa-hpc needs MPI_THREAD_MULTIPLE (" +
+                     std::to_string(MPI_THREAD_MULTIPLE) +
+                     "); use an MPI built with thread support (Open MPI, MPICH and Intel MPI "
+                     "all are by default)");
+  }
+  return g_info;
+}
+
+void distributed_finalize() {
+  if (!g_initialized) return;
+  if (g_io_comm != MPI_COMM_NULL) VQA_CHECK_MPI(MPI_Comm_free(&g_io_comm));
+  g_initialized = false;
+  MPI_Finalize();
+}
+
+bool distributed_is_initialized() { return g_initialized.load(); }
+
+const RankInfo& distributed_rank_info() { return g_info; }
+
+void distributed_barrier() { VQA_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD)); }
+
+double distributed_sum(double value) {
+  double total = 0.0;
+  VQA_CHECK_MPI(MPI_Allreduce(&value, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+  return total;
+}
+
+int64_t distributed_max(int64_t value) {
+  int64_t result = 0;
+  VQA_CHECK_MPI(MPI_Allreduce(&value, &result, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  return result;
+}
+
+int64_t distributed_min(int64_t value) {
+  int64_t result = 0;
+  VQA_CHECK_MPI(MPI_Allreduce(&value, &result, 1, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD));
+  return result;
+}
+
+void distributed_broadcast_bytes(std::vector<char>& bytes, int root) {
+  int64_t size = static_cast<int64_t>(bytes.size());
+  VQA_CHECK_MPI(MPI_Bcast(&size, 1, MPI_INT64_T, root, MPI_COMM_WORLD));
+  bytes.resize(static_cast<size_t>(size));
+  // MPI counts are int: send large payloads in pieces.
+  constexpr int64_t kPiece = 1 << 30;
+  for (int64_t offset = 0; offset < size; offset += kPiece) {
+    const int count = static_cast<int>(std::min(kPiece, size - offset));
+    VQA_CHECK_MPI(MPI_Bcast(bytes.data() + offset, count, MPI_BYTE, root, MPI_COMM_WORLD));
+  }
+}
+
+std::vector<std::string> distributed_gather_strings(const std::string& value) {
+  const int length = static_cast<int>(value.size());
+  std::vector<int> lengths(g_info.world_size);
+  VQA_CHECK_MPI(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  std::vector<int> offsets(g_info.world_size, 0);
+  int total = 0;
+  for (int r = 0; r < g_info.world_size; ++r) {
+    offsets[r] = total;
+    total += lengths[r];
+  }
+  std::string all(static_cast<size_t>(total), '\0');
+  VQA_CHECK_MPI(MPI_Allgatherv(value.data(), length, MPI_CHAR, all.data(), lengths.data(),
+                               offsets.data(), MPI_CHAR, MPI_COMM_WORLD));
+  std::vector<std::string> result;
+  for (int r = 0; r < g_info.world_size; ++r) result.push_back(all.substr(offsets[r], lengths[r]));
+  return result;
+}
+
+void distributed_raw_allreduce_sum(float* data, int64_t count) {
+  constexpr int64_t kPiece = int64_t{1} << 30;
+  for (int64_t offset = 0; offset < count; offset += kPiece) {
+    const int piece = static_cast<int>(std::min(kPiece, count - offset));
+    VQA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data + offset, piece, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+  }
+}
+
+void distributed_abort(int exit_code) {
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort does not return; this satisfies [[noreturn]]
+}
+
+void distributed_configure_mpio(int64_t file_access_plist) {
+  VQA_CHECK(g_initialized.load(), "distributed_configure_mpio before distributed_init");
+  VQA_CHECK_HDF5(H5Pset_fapl_mpio(static_cast<hid_t>(file_access_plist), g_io_comm, MPI_INFO_NULL));
+}
+
+}  // namespace vqa::runtime

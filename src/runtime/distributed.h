@@ -1,0 +1,56 @@
+// Process-level distributed state: MPI start-up and shut-down, who this rank
+// is, and the few whole-job operations that are not on tensors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vqa::runtime {
+
+struct RankInfo {
+  int rank = 0;        // 0 .. world_size-1 in MPI_COMM_WORLD
+  int world_size = 1;
+  int local_rank = 0;  // index among the ranks on this host (MPI_COMM_TYPE_SHARED); GPU index
+  int local_size = 1;  // ranks on this host
+  std::string host;    // MPI_Get_processor_name
+};
+
+// Starts MPI with MPI_THREAD_MULTIPLE: the loader's prefetch thread reads
+// through MPI-IO and the CPU communicator's progress thread runs collectives
+// while the main thread computes. Fails clearly if the MPI library cannot
+// give that level. Call once, from the main thread, before anything else.
+const RankInfo& distributed_init(int* argc, char*** argv);
+
+// Ends MPI. Every rank must call it; call once, after all communicators are gone.
+void distributed_finalize();
+
+bool distributed_is_initialized();
+
+// Valid after distributed_init; before it, a single-rank default.
+const RankInfo& distributed_rank_info();
+
+// Whole-job operations on MPI_COMM_WORLD, main thread only.
+void distributed_barrier();
+double distributed_sum(double value);
+int64_t distributed_max(int64_t value);
+int64_t distributed_min(int64_t value);
+// Root's bytes replace every other rank's; sizes may differ before the call.
+void distributed_broadcast_bytes(std::vector<char>& bytes, int root);
+// Every rank's string, in rank order (for comparing configs across ranks).
+std::vector<std::string> distributed_gather_strings(const std::string& value);
+
+// Baseline for benchmarks: one blocking MPI_Allreduce(MPI_SUM), in place on
+// a contiguous float32 CPU tensor, on MPI_COMM_WORLD, with no layer around it.
+void distributed_raw_allreduce_sum(float* data, int64_t count);
+
+// Ends every rank now with exit_code (MPI_Abort), from any thread.
+[[noreturn]] void distributed_abort(int exit_code);
+
+// Configures an HDF5 file-access property list (hid_t) for MPI-IO on a
+// communicator reserved for file I/O, so reads on the loader thread never
+// interleave with collectives of other threads. Every rank must open the
+// file with it (H5Fopen is collective).
+void distributed_configure_mpio(int64_t file_access_plist);
+
+}  // namespace vqa::runtime

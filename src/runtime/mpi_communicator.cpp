@@ -1,0 +1,186 @@
+// CPU backend: collectives on a duplicate of MPI_COMM_WORLD, run by one
+// progress thread so that allreduce_async really overlaps the caller's work
+// (Open MPI's non-blocking collectives only progress inside MPI calls).
+#include <mpi.h>
+
+#include <c10/util/BFloat16.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "runtime/check.h"             // VQA_CHECK_MPI, VQA_CHECK
+#include "runtime/communicator.h"      // Communicator, Work
+#include "runtime/communicator_impl.h"  // mpi_communicator_create
+
+namespace vqa::runtime {
+
+namespace {
+
+// Sum for bfloat16 stored as 16-bit words: MPI has no bf16 type. Accumulates
+// in float and rounds to nearest even, as torch does.
+void bf16_sum(void* in, void* inout, int* count, MPI_Datatype* /*type*/) {
+  const auto* a = static_cast<const c10::BFloat16*>(in);
+  auto* b = static_cast<c10::BFloat16*>(inout);
+  for (int i = 0; i < *count; ++i) b[i] = c10::BFloat16(float(a[i]) + float(b[i]));
+}
+
+// MPI counts are int; larger buffers go in pieces of this many elements.
+constexpr int64_t kMaxElementsPerCall = int64_t{1} << 30;
+
+class MpiWork final : public Work {
+ public:
+  void wait() override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [this] { return done_; });
+  }
+  void mark_done() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+};
+
+struct PendingAllreduce {
+  torch::Tensor buffer;
+  ReduceOp op;
+  std::shared_ptr<MpiWork> work;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(const RankInfo& info) : Communicator(info) {
+    VQA_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+    VQA_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    VQA_CHECK_MPI(MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_op_));
+    progress_thread_ = std::thread([this] { progress_loop(); });
+  }
+
+  ~MpiCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    queue_cv_.notify_all();
+    progress_thread_.join();
+    MPI_Op_free(&bf16_sum_op_);
+    MPI_Comm_free(&comm_);
+  }
+
+  Backend backend() const override { return Backend::kMpi; }
+
+  WorkHandle allreduce_async(const torch::Tensor& buffer, ReduceOp op) override {
+    check_buffer(buffer, "allreduce_async");
+    auto work = std::make_shared<MpiWork>();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(PendingAllreduce{buffer, op, work});
+    }
+    queue_cv_.notify_one();
+    return work;
+  }
+
+  void broadcast(const torch::Tensor& buffer, int root) override {
+    check_buffer(buffer, "broadcast");
+    drain();
+    auto* bytes = static_cast<char*>(buffer.data_ptr());
+    const int64_t total = buffer.numel() * buffer.element_size();
+    for (int64_t offset = 0; offset < total; offset += kMaxElementsPerCall) {
+      const int count = static_cast<int>(std::min(kMaxElementsPerCall, total - offset));
+      VQA_CHECK_MPI(MPI_Bcast(bytes + offset, count, MPI_BYTE, root, comm_));
+    }
+  }
+
+  void barrier() override {
+    drain();
+    VQA_CHECK_MPI(MPI_Barrier(comm_));
+  }
+
+  double sum_scalar(double value) override {
+    drain();
+    double total = 0.0;
+    VQA_CHECK_MPI(MPI_Allreduce(&value, &total, 1, MPI_DOUBLE, MPI_SUM, comm_));
+    return total;
+  }
+
+ private:
+  void check_buffer(const torch::Tensor& buffer, const char* what) const {
+    VQA_CHECK(buffer.device().is_cpu(),
+              std::string("MPI communicator ") + what + " needs a CPU tensor, got " +
+                  buffer.device().str());
+    VQA_CHECK(buffer.is_contiguous(), std::string(what) + " needs a contiguous tensor");
+    VQA_CHECK(buffer.scalar_type() == torch::kFloat32 || buffer.scalar_type() == torch::kBFloat16,
+              std::string(what) + " supports float32 and bfloat16, got " +
+                  std::string(c10::toString(buffer.scalar_type())));
+  }
+
+  // Collectives on comm_ must not interleave with the progress thread's, so
+  // blocking calls from the main thread first wait for the queue to empty.
+  void drain() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_cv_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  }
+
+  void progress_loop() {
+    for (;;) {
+      PendingAllreduce next;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping and nothing left
+        next = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = true;
+      }
+      run_allreduce(next);
+      next.work->mark_done();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        busy_ = false;
+      }
+      idle_cv_.notify_all();
+    }
+  }
+
+  void run_allreduce(PendingAllreduce& pending) {
+    torch::Tensor& buffer = pending.buffer;
+    const bool is_bf16 = buffer.scalar_type() == torch::kBFloat16;
+    const MPI_Datatype type = is_bf16 ? MPI_UINT16_T : MPI_FLOAT;
+    const MPI_Op op = is_bf16 ? bf16_sum_op_ : MPI_SUM;
+    char* data = static_cast<char*>(buffer.data_ptr());
+    const int64_t element_size = buffer.element_size();
+    for (int64_t offset = 0; offset < buffer.numel(); offset += kMaxElementsPerCall) {
+      const int count = static_cast<int>(std::min(kMaxElementsPerCall, buffer.numel() - offset));
+      VQA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size, count, type, op, comm_));
+    }
+    if (pending.op == ReduceOp::kAverage && info_.world_size > 1) {
+      buffer.div_(static_cast<double>(info_.world_size));
+    }
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Op bf16_sum_op_ = MPI_OP_NULL;
+  std::thread progress_thread_;
+  std::mutex mutex_;
+  std::condition_variable queue_cv_;
+  std::condition_variable idle_cv_;
+  std::deque<PendingAllreduce> queue_;
+  bool busy_ = false;
+  bool stopping_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> mpi_communicator_create(const RankInfo& info) {
+  return std::make_unique<MpiCommunicator>(info);
+}
+
+}  // namespace vqa::runtime

@@ -1,0 +1,66 @@
+#include "runtime/system_info.h"
+
+#include <dlfcn.h>
+#include <link.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace vqa::runtime {
+
+namespace {
+
+// Path of the loaded shared object whose name contains `fragment`, links resolved.
+std::string loaded_library_path(const char* fragment) {
+  struct Search {
+    const char* fragment;
+    std::string found;
+  } search{fragment, {}};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        auto* s = static_cast<Search*>(data);
+        if (info->dlpi_name && std::string(info->dlpi_name).find(s->fragment) != std::string::npos) {
+          char* resolved = realpath(info->dlpi_name, nullptr);
+          s->found = resolved ? resolved : info->dlpi_name;
+          std::free(resolved);
+          return 1;
+        }
+        return 0;
+      },
+      &search);
+  return search.found;
+}
+
+}  // namespace
+
+std::string blas_description() {
+  using ConfigFn = char* (*)();
+  if (auto config = reinterpret_cast<ConfigFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
+    return std::string("OpenBLAS ") + config();
+  }
+  const std::string path = loaded_library_path("libblas");
+  if (path.empty()) return "no separate BLAS library loaded (LibTorch's own kernels)";
+  if (blas_is_reference()) return "reference BLAS (" + path + ")";
+  return path;
+}
+
+bool blas_is_reference() {
+  if (dlsym(RTLD_DEFAULT, "openblas_get_config")) return false;
+  // Debian installs Netlib's reference implementation under .../blas/libblas.so.3
+  // and reaches it through the libblas.so.3 alternative.
+  return loaded_library_path("libblas").find("/blas/libblas") != std::string::npos;
+}
+
+bool warn_if_reference_blas() {
+  if (!blas_is_reference()) return false;
+  std::fprintf(stderr,
+               "[vqa] warning: LibTorch is using the reference BLAS (%s), which makes CPU "
+               "training about 16x slower. Install OpenBLAS (apt-get install "
+               "libopenblas0-openmp; env/setup.sh does it) or select it with "
+               "update-alternatives --config libblas.so.3-x86_64-linux-gnu.\n",
+               blas_description().c_str());
+  return true;
+}
+
+}  // namespace vqa::runtime

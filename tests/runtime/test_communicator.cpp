@@ -1,0 +1,182 @@
+// Collectives of the CPU (MPI) communicator at 1, 2 and 3 ranks, and of the
+// GPU (NCCL) communicator where a GPU is present (SKIP otherwise).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <set>
+
+#include "runtime/communicator.h"  // communicator_create, ReduceOp
+#include "runtime/distributed.h"   // distributed_rank_info, distributed_gather_strings
+
+using vqa::runtime::Backend;
+using vqa::runtime::ReduceOp;
+
+namespace {
+
+// Every rank can rebuild every other rank's input from (rank, size).
+torch::Tensor input_of(int rank, int64_t size) {
+  torch::manual_seed(1000 + rank);
+  return torch::randn({size}, torch::kFloat64);
+}
+
+torch::Tensor expected_sum(int world_size, int64_t size) {
+  auto total = torch::zeros({size}, torch::kFloat64);
+  for (int r = 0; r < world_size; ++r) total += input_of(r, size);
+  return total;
+}
+
+// float32: each rank's input is rounded to float once and the sum of up to 3
+// terms rounds twice more: |error| <= 1e-5 + 1e-5 * |expected| holds with room.
+// bfloat16: 8 significant bits, up to 3 roundings of the inputs and 2 of the
+// sums: |error| <= 0.05 + 0.02 * |expected| for inputs of magnitude ~1..4.
+struct Tolerance {
+  double atol, rtol;
+};
+Tolerance tolerance_for(torch::ScalarType type) {
+  return type == torch::kBFloat16 ? Tolerance{0.05, 0.02} : Tolerance{1e-5, 1e-5};
+}
+
+class CpuAllreduce
+    : public ::testing::TestWithParam<std::tuple<int64_t, torch::ScalarType, ReduceOp>> {};
+
+TEST_P(CpuAllreduce, MatchesDoublePrecisionReference) {
+  const auto [size, type, op] = GetParam();
+  const auto& info = vqa::runtime::distributed_rank_info();
+  auto comm = vqa::runtime::communicator_create(Backend::kMpi, torch::kCPU);
+  auto buffer = input_of(info.rank, size).to(type);
+  comm->allreduce(buffer, op);
+
+  auto expected = expected_sum(info.world_size, size);
+  if (op == ReduceOp::kAverage) expected /= info.world_size;
+  const auto tol = tolerance_for(type);
+  EXPECT_TRUE(torch::allclose(buffer.to(torch::kFloat64), expected, tol.rtol, tol.atol))
+      << "max abs error " << (buffer.to(torch::kFloat64) - expected).abs().max().item<double>();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    OddSizes, CpuAllreduce,
+    ::testing::Combine(::testing::Values(1, 7, 1000003),
+                       ::testing::Values(torch::kFloat32, torch::kBFloat16),
+                       ::testing::Values(ReduceOp::kSum, ReduceOp::kAverage)));
+
+TEST(CpuCommunicator, BroadcastReplacesEveryRanksValues) {
+  const auto& info = vqa::runtime::distributed_rank_info();
+  auto comm = vqa::runtime::communicator_create(Backend::kMpi, torch::kCPU);
+  for (int64_t size : {1, 7, 1000003}) {
+    const int root = info.world_size - 1;
+    auto buffer = input_of(info.rank, size).to(torch::kFloat32);
+    comm->broadcast(buffer, root);
+    EXPECT_TRUE(torch::equal(buffer, input_of(root, size).to(torch::kFloat32))) << size;
+  }
+}
+
+TEST(CpuCommunicator, ManyAsyncOperationsInFlightCompleteCorrectly) {
+  const auto& info = vqa::runtime::distributed_rank_info();
+  auto comm = vqa::runtime::communicator_create(Backend::kMpi, torch::kCPU);
+  constexpr int kInFlight = 64;
+  std::vector<torch::Tensor> buffers;
+  std::vector<vqa::runtime::WorkHandle> handles;
+  for (int i = 0; i < kInFlight; ++i) {
+    // Buffer i holds (rank + 1) * (i + 1): its sum is (i + 1) * n(n+1)/2, exact in float32.
+    buffers.push_back(torch::full({1 + 997 * i}, float((info.rank + 1) * (i + 1))));
+    handles.push_back(comm->allreduce_async(buffers.back(), ReduceOp::kSum));
+  }
+  // Wait in reverse order: completion must not depend on the order of waits.
+  for (int i = kInFlight - 1; i >= 0; --i) handles[i]->wait();
+  const float ranks_sum = info.world_size * (info.world_size + 1) / 2.0f;
+  for (int i = 0; i < kInFlight; ++i) {
+    EXPECT_TRUE(torch::equal(buffers[i], torch::full_like(buffers[i], ranks_sum * (i + 1)))) << i;
+  }
+}
+
+TEST(CpuCommunicator, ScalarSumAndBarrier) {
+  const auto& info = vqa::runtime::distributed_rank_info();
+  auto comm = vqa::runtime::communicator_create(Backend::kMpi, torch::kCPU);
+  comm->barrier();
+  EXPECT_DOUBLE_EQ(comm->sum_scalar(info.rank + 0.5),
+                   info.world_size * (info.world_size - 1) / 2.0 + 0.5 * info.world_size);
+}
+
+TEST(Distributed, LocalRankAndSizeFromSharedMemoryRanks) {
+  // mpirun starts every rank of these tests on this one host.
+  const auto& info = vqa::runtime::distributed_rank_info();
+  EXPECT_EQ(info.local_size, info.world_size);
+  const auto locals =
+      vqa::runtime::distributed_gather_strings(std::to_string(info.local_rank) + "@" + info.host);
+  std::set<std::string> distinct(locals.begin(), locals.end());
+  EXPECT_EQ(static_cast<int>(distinct.size()), info.world_size) << "local ranks must differ";
+  for (const auto& entry : locals) {
+    const int local = std::stoi(entry.substr(0, entry.find('@')));
+    EXPECT_GE(local, 0);
+    EXPECT_LT(local, info.local_size);
+  }
+}
+
+TEST(Distributed, BroadcastBytesAndGatherStrings) {
+  const auto& info = vqa::runtime::distributed_rank_info();
+  std::vector<char> bytes(info.rank == 0 ? 5 : 2, static_cast<char>('a' + info.rank));
+  vqa::runtime::distributed_broadcast_bytes(bytes, 0);
+  EXPECT_EQ(std::string(bytes.begin(), bytes.end()), "aaaaa");
+  const auto all = vqa::runtime::distributed_gather_strings(std::string(info.rank + 1, 'x'));
+  ASSERT_EQ(static_cast<int>(all.size()), info.world_size);
+  for (int r = 0; r < info.world_size; ++r) EXPECT_EQ(all[r], std::string(r + 1, 'x'));
+}
+
+TEST(Backends, ChoiceFollowsTheDevice) {
+  EXPECT_EQ(vqa::runtime::backend_for_device(torch::kCPU), Backend::kMpi);
+  EXPECT_EQ(vqa::runtime::backend_for_device(torch::Device(torch::kCUDA, 0)), Backend::kNccl);
+  EXPECT_EQ(vqa::runtime::backend_from_string("nccl"), Backend::kNccl);
+  EXPECT_THROW(vqa::runtime::backend_from_string("gloo"), std::invalid_argument);
+}
+
+// ---- GPU (NCCL) ----------------------------------------------------------
+
+bool gpu_available() {
+  return vqa::runtime::nccl_backend_built() && torch::cuda::is_available() &&
+         vqa::runtime::cuda_device_count() >= vqa::runtime::distributed_rank_info().local_size;
+}
+
+class GpuAllreduce : public ::testing::TestWithParam<std::tuple<int64_t, torch::ScalarType>> {};
+
+TEST_P(GpuAllreduce, AverageMatchesDoublePrecisionReference) {
+  if (!gpu_available()) GTEST_SKIP() << "no GPU per local rank (or no NCCL build)";
+  const auto [size, type] = GetParam();
+  const auto& info = vqa::runtime::distributed_rank_info();
+  const torch::Device device(torch::kCUDA, info.local_rank);
+  auto comm = vqa::runtime::communicator_create(Backend::kAuto, device);
+  ASSERT_EQ(comm->backend(), Backend::kNccl);
+  auto buffer = input_of(info.rank, size).to(type).to(device);
+  comm->allreduce(buffer, ReduceOp::kAverage);
+  const auto expected = expected_sum(info.world_size, size) / info.world_size;
+  const auto tol = tolerance_for(type);
+  EXPECT_TRUE(torch::allclose(buffer.to(torch::kCPU).to(torch::kFloat64), expected, tol.rtol,
+                              tol.atol));
+}
+
+INSTANTIATE_TEST_SUITE_P(OddSizes, GpuAllreduce,
+                         ::testing::Combine(::testing::Values(1, 7, 1000003),
+                                            ::testing::Values(torch::kFloat32, torch::kBFloat16)));
+
+TEST(GpuCommunicator, ManyAsyncOperationsAndBroadcast) {
+  if (!gpu_available()) GTEST_SKIP() << "no GPU per local rank (or no NCCL build)";
+  const auto& info = vqa::runtime::distributed_rank_info();
+  const torch::Device device(torch::kCUDA, info.local_rank);
+  auto comm = vqa::runtime::communicator_create(Backend::kNccl, device);
+  std::vector<torch::Tensor> buffers;
+  std::vector<vqa::runtime::WorkHandle> handles;
+  for (int i = 0; i < 32; ++i) {
+    buffers.push_back(torch::full({1 + 4099 * i}, float((info.rank + 1) * (i + 1)),
+                                  torch::TensorOptions().device(device)));
+    handles.push_back(comm->allreduce_async(buffers.back(), ReduceOp::kSum));
+  }
+  for (auto& handle : handles) handle->wait();
+  const float ranks_sum = info.world_size * (info.world_size + 1) / 2.0f;
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_TRUE(torch::equal(buffers[i].cpu(), torch::full({1 + 4099 * i}, ranks_sum * (i + 1))));
+  }
+  auto value = torch::full({7}, float(info.rank), torch::TensorOptions().device(device));
+  comm->broadcast(value, 0);
+  EXPECT_TRUE(torch::equal(value.cpu(), torch::zeros({7})));
+}
+
+}  // namespace

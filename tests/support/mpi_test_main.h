@@ -1,0 +1,26 @@
+// Shared pieces of the test suites.
+#pragma once
+
+#include <string>
+
+namespace vqa::testing {
+
+struct ProcessResult {
+  int exit_code = -1;  // the process's exit status; 128+N when killed by signal N
+  bool timed_out = false;
+  double seconds = 0.0;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `command` with /bin/sh, merging stderr into stdout; kills its whole
+// process group after timeout_seconds. For tests that start mpirun or the
+// job's binaries themselves and check exit status, time and message.
+ProcessResult run_process(const std::string& command, double timeout_seconds);
+
+// mpirun as the tests start it (root-safe, oversubscribed), ending with a space.
+std::string mpirun_prefix(int ranks);
+
+// A fresh empty directory under the system's temporary folder.
+std::string make_temp_dir(const std::string& tag);
+
+}  // namespace vqa::testing
