@@ -1,0 +1,394 @@
+#include "convert.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <unordered_map>
+
+#include "convert_images.h"  // image_resolve_path, image_load_all, FeatureSource
+#include "data/format.h"     // DataFormatError, kAnswerType*
+#include "text.h"            // WordTokenizer, answer_normalize
+#include "writer.h"          // DatasetWriter
+
+namespace vqa::prep {
+
+namespace {
+
+constexpr size_t kImageChunk = 256;  // images decoded at a time: bounds memory
+
+struct Record {
+  std::string file;
+  size_t index = 0;
+  int64_t qid = 0;
+  std::string image_name, image_path, question, answer, normalized_answer, question_type;
+  int answer_type = 0;
+};
+
+// Bad records: reported with file, record and field, skipped and counted;
+// with --strict the first one ends the run.
+class Problems {
+ public:
+  explicit Problems(bool strict) : strict_(strict) {}
+  void report(const std::string& file, size_t index, const std::string& qid,
+              const std::string& field, const std::string& message) {
+    const std::string text = file + ": record " + std::to_string(index) +
+                             (qid.empty() ? "" : " (qid " + qid + ")") + ": field '" + field +
+                             "': " + message;
+    if (strict_) throw data::DataFormatError(text + " (--strict)");
+    std::fprintf(stderr, "vqa_prep convert: skipping %s\n", text.c_str());
+    ++count_;
+  }
+  int64_t count() const { return count_; }
+
+ private:
+  bool strict_;
+  int64_t count_ = 0;
+};
+
+std::string json_text(const nlohmann::json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_number_integer()) return std::to_string(value.get<int64_t>());
+  return value.dump();
+}
+
+std::string upper_trimmed(const std::string& text) {
+  std::string result = text_collapse_whitespace(text);
+  for (char& c : result) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return result;
+}
+
+// One record, or false when it is bad (reported) or in another language.
+bool parse_record(const nlohmann::json& item, const std::string& file, size_t index,
+                  const ConvertOptions& options, Problems& problems, Record& record,
+                  int64_t& other_language) {
+  if (!item.is_object()) {
+    problems.report(file, index, "", "(record)", "is not a JSON object");
+    return false;
+  }
+  if (item.contains("q_lang") && json_text(item["q_lang"]) != options.language) {
+    ++other_language;
+    return false;
+  }
+  record.file = file;
+  record.index = index;
+  const std::string qid_text = item.contains("qid") ? json_text(item["qid"]) : "";
+  auto bad = [&](const std::string& field, const std::string& message) {
+    problems.report(file, index, qid_text, field, message);
+    return false;
+  };
+  if (!item.contains("qid")) return bad("qid", "is missing");
+  const auto& qid = item["qid"];
+  if (qid.is_number_integer()) {
+    record.qid = qid.get<int64_t>();
+  } else if (qid.is_string() && !qid_text.empty() && qid_text.size() < 19 &&
+             std::all_of(qid_text.begin(), qid_text.end(), ::isdigit)) {
+    record.qid = std::stoll(qid_text);
+  } else {
+    return bad("qid", "'" + qid_text + "' is not an integer");
+  }
+  const char* image_field = item.contains("image_name") ? "image_name" : "img_name";
+  if (!item.contains(image_field) || !item[image_field].is_string()) {
+    return bad("image_name", "is missing or not a string (VQA-RAD: image_name, SLAKE: img_name)");
+  }
+  record.image_name = item[image_field].get<std::string>();
+  std::string error;
+  if (options.features.empty()) {
+    record.image_path = image_resolve_path(options.image_dir, record.image_name, error);
+  } else {
+    // Features are looked up by name, but a name that escapes is bad input all the same.
+    image_resolve_path(".", record.image_name, error);
+  }
+  if (!error.empty()) return bad(image_field, error);
+  if (!item.contains("question") || !item["question"].is_string() ||
+      text_collapse_whitespace(item["question"].get<std::string>()).empty()) {
+    return bad("question", "is missing or empty");
+  }
+  record.question = text_collapse_whitespace(item["question"].get<std::string>());
+  if (!item.contains("answer") || item["answer"].is_null()) return bad("answer", "is missing");
+  record.answer = text_collapse_whitespace(json_text(item["answer"]));
+  record.normalized_answer = answer_normalize(record.answer);
+  if (record.normalized_answer.empty()) {
+    return bad("answer", "'" + record.answer + "' is empty after normalisation");
+  }
+  const std::string type =
+      item.contains("answer_type") ? upper_trimmed(json_text(item["answer_type"])) : "";
+  if (type == "CLOSED") {
+    record.answer_type = data::kAnswerTypeClosed;
+  } else if (type == "OPEN") {
+    record.answer_type = data::kAnswerTypeOpen;
+  } else {
+    return bad("answer_type", "unknown value '" + type + "' (expected CLOSED or OPEN)");
+  }
+  for (const char* field : {"question_type", "content_type"}) {
+    if (item.contains(field)) {
+      record.question_type = upper_trimmed(json_text(item[field]));
+      break;
+    }
+  }
+  return true;
+}
+
+std::vector<Record> read_split(const std::vector<std::string>& files, const ConvertOptions& options,
+                               Problems& problems, int64_t& other_language) {
+  std::vector<Record> records;
+  std::unordered_map<int64_t, std::string> first_seen;
+  for (const std::string& file : files) {
+    std::ifstream stream(file);
+    if (!stream) throw data::DataFormatError(file + ": cannot open the JSON file");
+    nlohmann::json document;
+    try {
+      document = nlohmann::json::parse(stream);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw data::DataFormatError(file + ": malformed JSON: " + e.what());
+    }
+    if (!document.is_array()) {
+      throw data::DataFormatError(file +
+                                  ": malformed JSON: the top level must be an array of records");
+    }
+    for (size_t index = 0; index < document.size(); ++index) {
+      Record record;
+      if (!parse_record(document[index], file, index, options, problems, record, other_language))
+        continue;
+      const std::string where = file + " record " + std::to_string(index);
+      auto [it, inserted] = first_seen.emplace(record.qid, where);
+      if (!inserted) {
+        problems.report(
+            file, index, std::to_string(record.qid), "qid",
+            "duplicate qid " + std::to_string(record.qid) + " (first at " + it->second + ")");
+        continue;
+      }
+      records.push_back(std::move(record));
+    }
+  }
+  return records;
+}
+
+struct ImageStats {
+  std::array<double, 3> sum{}, square{};
+  double pixels = 0;
+};
+
+// Writes a split's images (each distinct image once) and drops the records
+// whose image cannot be read. Returns image row per kept record.
+std::vector<int32_t> write_images(const std::string& split, std::vector<Record>& records,
+                                  const ConvertOptions& options, FeatureSource* features,
+                                  DatasetWriter& writer, Problems& problems, ImageStats* stats) {
+  std::vector<std::string> names;
+  std::map<std::string, std::string> paths;
+  for (const Record& r : records) {
+    if (paths.emplace(r.image_name, r.image_path).second) names.push_back(r.image_name);
+  }
+  if (features) {
+    writer.begin_split(split, 0, features->tokens(), features->dim(),
+                       features->half_precision() || options.features_float16);
+  } else {
+    writer.begin_split(split, options.image_size);
+  }
+  std::map<std::string, int32_t> rows;
+  std::map<std::string, std::string> failures;
+  std::vector<std::string> stored_names;
+  for (size_t first = 0; first < names.size(); first += kImageChunk) {
+    const size_t last = std::min(names.size(), first + kImageChunk);
+    if (features) {
+      for (size_t i = first; i < last; ++i) {
+        const int64_t row = features->find(names[i]);
+        if (row < 0) {
+          failures[names[i]] = "no row for this image in " + options.features;
+          continue;
+        }
+        rows[names[i]] = static_cast<int32_t>(writer.append_features(features->read(row).data()));
+        stored_names.push_back(names[i]);
+      }
+      continue;
+    }
+    std::vector<std::string> files;
+    for (size_t i = first; i < last; ++i) files.push_back(paths[names[i]]);
+    std::vector<std::vector<uint8_t>> images;
+    std::vector<std::string> errors;
+    image_load_all(files, options.image_size, options.threads, images, errors);
+    for (size_t i = 0; i < files.size(); ++i) {
+      const std::string& name = names[first + i];
+      if (!errors[i].empty()) {
+        failures[name] = errors[i];
+        continue;
+      }
+      rows[name] = static_cast<int32_t>(writer.append_image(images[i].data()));
+      stored_names.push_back(name);
+      if (stats) {
+        const size_t plane = images[i].size() / 3;
+        for (size_t p = 0; p < images[i].size(); ++p) {
+          const double value = images[i][p] / 255.0;
+          stats->sum[p / plane] += value;
+          stats->square[p / plane] += value * value;
+        }
+        stats->pixels += static_cast<double>(plane);
+      }
+    }
+  }
+  writer.end_images(stored_names);
+  std::vector<Record> kept;
+  std::vector<int32_t> image_rows;
+  for (Record& r : records) {
+    auto failure = failures.find(r.image_name);
+    if (failure != failures.end()) {
+      problems.report(r.file, r.index, std::to_string(r.qid),
+                      r.file.empty() ? "image_name" : "image_name", failure->second);
+      continue;
+    }
+    image_rows.push_back(rows.at(r.image_name));
+    kept.push_back(std::move(r));
+  }
+  records = std::move(kept);
+  return image_rows;
+}
+
+// Label set: answers by frequency, then alphabetically (deterministic ids).
+std::vector<std::string> build_labels(const std::vector<const std::vector<Record>*>& sources) {
+  std::map<std::string, int64_t> counts;
+  for (const auto* records : sources) {
+    for (const Record& r : *records) ++counts[r.normalized_answer];
+  }
+  std::vector<std::pair<std::string, int64_t>> sorted(counts.begin(), counts.end());
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::vector<std::string> labels;
+  for (const auto& entry : sorted) labels.push_back(entry.first);
+  return labels;
+}
+
+}  // namespace
+
+void convert_run(const ConvertOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  if (options.train_json.empty() || options.test_json.empty()) {
+    throw data::DataFormatError("convert: --train-json and --test-json are both required");
+  }
+  if (options.features.empty() && options.image_dir.empty()) {
+    throw data::DataFormatError("convert: give --images DIR (or --features FILE)");
+  }
+  if (options.image_size < 1 || options.image_size > data::kMaxImageSize ||
+      options.max_length < 2 || options.max_length > data::kMaxQuestionLength) {
+    throw data::DataFormatError("convert: --image-size must be 1.." +
+                                std::to_string(data::kMaxImageSize) + " and --max-len 2.." +
+                                std::to_string(data::kMaxQuestionLength));
+  }
+  Problems problems(options.strict);
+  int64_t other_language = 0;
+  std::vector<Record> train = read_split(options.train_json, options, problems, other_language);
+  std::vector<Record> test = read_split(options.test_json, options, problems, other_language);
+
+  std::unique_ptr<FeatureSource> features;
+  if (!options.features.empty()) {
+    features = std::make_unique<FeatureSource>(options.features, options.features_dataset,
+                                               options.features_index);
+  }
+  DatasetWriter writer(options.output);
+  ImageStats stats;
+  const auto train_rows =
+      write_images("train", train, options, features.get(), writer, problems, &stats);
+  const auto test_rows =
+      write_images("test", test, options, features.get(), writer, problems, nullptr);
+  for (const auto& [name, records, files] : {std::tuple{"train", &train, &options.train_json},
+                                             std::tuple{"test", &test, &options.test_json}}) {
+    if (records->empty()) {
+      std::string inputs;
+      for (const auto& f : *files) inputs += (inputs.empty() ? "" : ", ") + f;
+      throw data::DataFormatError(inputs + ": split '" + name + "' has no usable records");
+    }
+  }
+
+  std::vector<std::string> train_questions;
+  for (const Record& r : train) train_questions.push_back(r.question);
+  auto tokenizer = WordTokenizer::build(train_questions, options.min_word_count);
+  FileHeader header;
+  header.features = features != nullptr;
+  header.image_size = features ? 0 : options.image_size;
+  header.max_question_length = options.max_length;
+  header.tokenizer = tokenizer->kind();
+  header.token_vocabulary = tokenizer->vocabulary();
+  header.created_by = options.created_by;
+  header.answer_labels =
+      options.include_test_answers ? build_labels({&train, &test}) : build_labels({&train});
+  std::set<std::string> types;
+  for (const auto* records : {&train, &test}) {
+    for (const Record& r : *records) types.insert(r.question_type);
+  }
+  header.question_types.assign(types.begin(), types.end());
+  if (features) {
+    header.image_mean = {0.0, 0.0, 0.0};
+    header.image_std = {1.0, 1.0, 1.0};
+  } else {
+    for (size_t c = 0; c < 3; ++c) {
+      const double mean = stats.sum[c] / stats.pixels;
+      header.image_mean[c] = mean;
+      header.image_std[c] =
+          std::max(1e-3, std::sqrt(std::max(0.0, stats.square[c] / stats.pixels - mean * mean)));
+    }
+  }
+
+  std::map<std::string, int32_t> label_ids;
+  for (size_t i = 0; i < header.answer_labels.size(); ++i)
+    label_ids[header.answer_labels[i]] = static_cast<int32_t>(i);
+  int64_t outside = 0;
+  std::vector<std::string> outside_examples;
+  for (const auto& [name, records, rows] :
+       {std::tuple{"train", &train, &train_rows}, std::tuple{"test", &test, &test_rows}}) {
+    QuestionTable table(options.max_length, 1);
+    for (size_t i = 0; i < records->size(); ++i) {
+      const Record& r = (*records)[i];
+      const int32_t type =
+          static_cast<int32_t>(std::distance(types.begin(), types.find(r.question_type)));
+      auto label = label_ids.find(r.normalized_answer);
+      std::vector<int32_t> labels;
+      std::vector<float> scores;
+      if (label != label_ids.end()) {
+        labels.push_back(label->second);
+        scores.push_back(1.0f);
+      } else {
+        ++outside;
+        if (outside_examples.size() < 5) outside_examples.push_back(r.normalized_answer);
+      }
+      table.add(tokenizer->encode(r.question, options.max_length), (*rows)[i], r.answer_type, r.qid,
+                type, r.question, r.answer, labels, scores);
+    }
+    writer.write_questions(name, table);
+  }
+  writer.commit(header);
+
+  auto count_closed = [](const std::vector<Record>& records) {
+    return std::count_if(records.begin(), records.end(),
+                         [](const Record& r) { return r.answer_type == data::kAnswerTypeClosed; });
+  };
+  std::printf("vqa_prep convert: train %zu questions (%ld closed, %ld open) over %zu images\n",
+              train.size(), static_cast<long>(count_closed(train)),
+              static_cast<long>(train.size() - count_closed(train)),
+              static_cast<size_t>(*std::max_element(train_rows.begin(), train_rows.end()) + 1));
+  std::printf("vqa_prep convert: test %zu questions (%ld closed, %ld open) over %zu images\n",
+              test.size(), static_cast<long>(count_closed(test)),
+              static_cast<long>(test.size() - count_closed(test)),
+              static_cast<size_t>(*std::max_element(test_rows.begin(), test_rows.end()) + 1));
+  std::printf(
+      "vqa_prep convert: %zu answer labels (from %s), %zu vocabulary entries, %zu question types\n",
+      header.answer_labels.size(), options.include_test_answers ? "train + test" : "train",
+      header.token_vocabulary.size(), header.question_types.size());
+  std::string examples;
+  for (const auto& e : outside_examples) examples += (examples.empty() ? "'" : ", '") + e + "'";
+  std::printf(
+      "vqa_prep convert: %ld test answers outside the label set%s%s%s (they count as wrong)\n",
+      static_cast<long>(outside), outside ? " (e.g. " : "", examples.c_str(), outside ? ")" : "");
+  std::printf(
+      "vqa_prep convert: %ld records skipped for bad input, %ld in another language than '%s'\n",
+      static_cast<long>(problems.count()), static_cast<long>(other_language),
+      options.language.c_str());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("vqa_prep convert: wrote %s in %.1f s\n", options.output.c_str(), seconds);
+}
+
+}  // namespace vqa::prep

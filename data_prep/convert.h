@@ -1,0 +1,34 @@
+// `vqa_prep convert`: VQA-RAD and SLAKE style JSON plus an image folder (or
+// precomputed features) to the dataset format.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vqa::prep {
+
+struct ConvertOptions {
+  std::vector<std::string> train_json, test_json;
+  std::string image_dir;
+  std::string output;
+  int64_t image_size = 224;
+  int64_t max_length = 32;
+  int64_t min_word_count = 1;
+  std::string language = "en";        // SLAKE's q_lang; records of other languages are left out
+  bool include_test_answers = false;  // label set from train + test (as M3AE does)
+  bool strict = false;                // fail on the first bad record instead of skipping it
+  std::string features;               // an HDF5 file of per-image features instead of images
+  std::string features_dataset = "image_features";
+  std::string features_index = "image_names";
+  bool features_float16 = false;
+  int threads = 0;  // image decoding threads; 0: all cores
+  std::string created_by;
+};
+
+// Converts and prints a summary of counts; throws DataFormatError on a bad
+// input that cannot be skipped (or on any with `strict`). The output appears
+// only when the whole conversion succeeded.
+void convert_run(const ConvertOptions& options);
+
+}  // namespace vqa::prep

@@ -1,0 +1,163 @@
+#include "convert_images.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#include <thread>
+
+#include "data/format.h"  // DataFormatError, kMaxFeatureElements
+
+namespace vqa::prep {
+
+namespace fs = std::filesystem;
+
+std::string image_resolve_path(const std::string& image_dir, const std::string& image_name,
+                               std::string& error) {
+  error.clear();
+  const fs::path name(image_name);
+  if (image_name.empty()) {
+    error = "is empty";
+    return "";
+  }
+  if (name.is_absolute() || name.has_root_directory() || name.has_root_name()) {
+    error = "'" + image_name + "' is an absolute path; it must be relative to the image folder";
+    return "";
+  }
+  for (const auto& component : name) {
+    if (component == "..") {
+      error = "'" + image_name + "' contains '..' and would escape the image folder";
+      return "";
+    }
+  }
+  const fs::path full = fs::path(image_dir) / name;
+  // A symlink inside the folder may still point out of it.
+  std::error_code code;
+  const fs::path folder = fs::weakly_canonical(image_dir, code);
+  const fs::path resolved = fs::weakly_canonical(full, code);
+  if (!code) {
+    const auto mismatch =
+        std::mismatch(folder.begin(), folder.end(), resolved.begin(), resolved.end());
+    if (mismatch.first != folder.end()) {
+      error =
+          "'" + image_name + "' resolves to " + resolved.string() + ", outside the image folder";
+      return "";
+    }
+  }
+  return full.string();
+}
+
+std::string image_load_square(const std::string& file, int64_t size, std::vector<uint8_t>& chw) {
+  std::error_code code;
+  if (!fs::is_regular_file(file, code)) return "no such image file: " + file;
+  cv::Mat image;
+  try {
+    image = cv::imread(file, cv::IMREAD_COLOR);
+  } catch (const cv::Exception& e) {
+    return "cannot decode image " + file + ": " + e.what();
+  }
+  if (image.empty() || image.rows < 1 || image.cols < 1) {
+    return "cannot decode image " + file + " (unreadable, or not a JPEG/PNG image)";
+  }
+  // Shorter side to `size`, then the centre square: the usual eval transform.
+  const double scale = static_cast<double>(size) / std::min(image.rows, image.cols);
+  const int width =
+      std::max<int>(static_cast<int>(size), static_cast<int>(image.cols * scale + 0.5));
+  const int height =
+      std::max<int>(static_cast<int>(size), static_cast<int>(image.rows * scale + 0.5));
+  cv::Mat resized;
+  cv::resize(image, resized, cv::Size(width, height), 0, 0, cv::INTER_CUBIC);
+  const cv::Rect centre((width - static_cast<int>(size)) / 2, (height - static_cast<int>(size)) / 2,
+                        static_cast<int>(size), static_cast<int>(size));
+  const cv::Mat square = resized(centre);
+  chw.resize(static_cast<size_t>(3 * size * size));
+  const int64_t plane = size * size;
+  for (int y = 0; y < square.rows; ++y) {
+    const auto* row = square.ptr<cv::Vec3b>(y);
+    for (int x = 0; x < square.cols; ++x) {
+      const int64_t offset = y * size + x;
+      chw[offset] = row[x][2];  // OpenCV decodes to BGR; the format stores RGB
+      chw[plane + offset] = row[x][1];
+      chw[2 * plane + offset] = row[x][0];
+    }
+  }
+  return "";
+}
+
+void image_load_all(const std::vector<std::string>& files, int64_t size, int threads,
+                    std::vector<std::vector<uint8_t>>& images, std::vector<std::string>& errors) {
+  images.assign(files.size(), {});
+  errors.assign(files.size(), "");
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = static_cast<int>(
+      std::min<size_t>(static_cast<size_t>(threads), std::max<size_t>(1, files.size())));
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      for (size_t i = static_cast<size_t>(t); i < files.size(); i += static_cast<size_t>(threads)) {
+        errors[i] = image_load_square(files[i], size, images[i]);
+      }
+    });
+  }
+  for (auto& worker : workers) worker.join();
+}
+
+FeatureSource::FeatureSource(const std::string& path, const std::string& dataset,
+                             const std::string& index)
+    : path_(path), dataset_name_(dataset) {
+  data::hdf5_silence_errors();
+  std::error_code code;
+  if (!fs::is_regular_file(path, code))
+    throw data::DataFormatError(path + ": no such features file");
+  file_ = data::Hdf5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  data::hdf5_try(file_.get(), "H5Fopen", path);
+  dataset_ = data::hdf5_open_dataset(file_.get(), dataset, path);
+  const auto type = data::hdf5_element_type(dataset_.get(), false, dataset, path);
+  const auto shape = data::hdf5_shape(dataset_.get(), dataset, path);
+  if (type.type_class != H5T_FLOAT || (type.size != 2 && type.size != 4) || shape.size() != 3 ||
+      shape[1] < 1 || shape[2] < 1 || shape[1] * shape[2] > data::kMaxFeatureElements) {
+    throw data::DataFormatError(path + ": dataset '" + dataset +
+                                "' must be float16/float32 [images, tokens, dim], found " +
+                                type.describe() + " of rank " + std::to_string(shape.size()));
+  }
+  tokens_ = shape[1];
+  dim_ = shape[2];
+  half_precision_ = type.size == 2;
+  data::Hdf5Id names = data::hdf5_open_dataset(file_.get(), index, path);
+  const auto name_shape = data::hdf5_shape(names.get(), index, path);
+  if (name_shape.size() != 1 || name_shape[0] != shape[0]) {
+    throw data::DataFormatError(path + ": dataset '" + index + "' must name each of the " +
+                                std::to_string(shape[0]) + " feature rows");
+  }
+  const auto texts = data::hdf5_read_strings(names.get(), 0, name_shape[0], index, path);
+  for (size_t row = 0; row < texts.size(); ++row)
+    rows_.emplace(texts[row], static_cast<int64_t>(row));
+}
+
+int64_t FeatureSource::find(const std::string& image_name) const {
+  const fs::path name(image_name);
+  for (const std::string& key : {image_name, name.filename().string(), name.stem().string()}) {
+    auto it = rows_.find(key);
+    if (it != rows_.end()) return it->second;
+  }
+  return -1;
+}
+
+std::vector<float> FeatureSource::read(int64_t row) {
+  std::vector<float> values(static_cast<size_t>(tokens_ * dim_));
+  data::Hdf5Id file_space(H5Dget_space(dataset_.get()));
+  data::hdf5_try(file_space.get(), "H5Dget_space", path_);
+  const hsize_t start[3] = {static_cast<hsize_t>(row), 0, 0};
+  const hsize_t count[3] = {1, static_cast<hsize_t>(tokens_), static_cast<hsize_t>(dim_)};
+  data::hdf5_try(
+      H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr),
+      "H5Sselect_hyperslab", path_);
+  data::Hdf5Id memory_space(H5Screate_simple(3, count, nullptr));
+  data::hdf5_try(memory_space.get(), "H5Screate_simple", path_);
+  data::hdf5_try(H5Dread(dataset_.get(), H5T_NATIVE_FLOAT, memory_space.get(), file_space.get(),
+                         H5P_DEFAULT, values.data()),
+                 ("H5Dread('" + dataset_name_ + "')").c_str(), path_);
+  return values;
+}
+
+}  // namespace vqa::prep

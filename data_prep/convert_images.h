@@ -1,0 +1,51 @@
+// Image and feature sources for `vqa_prep convert`: a checked path inside the
+// image folder, OpenCV decoding to the stored [3, S, S] RGB layout, and rows
+// of a precomputed-features file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "data/hdf5_util.h"  // Hdf5Id
+
+namespace vqa::prep {
+
+// The file for `image_name` inside `image_dir`, or an error text (empty on
+// success) when the name is absolute or leaves the folder ("..", a symlink
+// pointing out).
+std::string image_resolve_path(const std::string& image_dir, const std::string& image_name,
+                               std::string& error);
+
+// Decodes a JPEG/PNG file, resizes its shorter side to `size` (bicubic) and
+// crops the centre square, into uint8 [3, size, size] RGB. Returns an error
+// text, empty on success.
+std::string image_load_square(const std::string& file, int64_t size, std::vector<uint8_t>& chw);
+
+// Loads `names` on `threads` threads; errors[i] is empty when images[i] was read.
+void image_load_all(const std::vector<std::string>& files, int64_t size, int threads,
+                    std::vector<std::vector<uint8_t>>& images, std::vector<std::string>& errors);
+
+// Per-image features from an HDF5 file: a float dataset [N, T, D] and a
+// string dataset [N] naming each row's image (file name, with or without
+// its folder and extension).
+class FeatureSource {
+ public:
+  FeatureSource(const std::string& path, const std::string& dataset, const std::string& index);
+  int64_t tokens() const { return tokens_; }
+  int64_t dim() const { return dim_; }
+  bool half_precision() const { return half_precision_; }
+  // The row for an image name, or -1.
+  int64_t find(const std::string& image_name) const;
+  std::vector<float> read(int64_t row);
+
+ private:
+  std::string path_, dataset_name_;
+  data::Hdf5Id file_, dataset_;
+  int64_t tokens_ = 0, dim_ = 0;
+  bool half_precision_ = false;
+  std::unordered_map<std::string, int64_t> rows_;
+};
+
+}  // namespace vqa::prep

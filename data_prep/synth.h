@@ -1,0 +1,38 @@
+// `vqa_prep synth`: a synthetic, learnable VQA set of coloured shapes, the
+// quickstart's data. Each image has 1-3 solid shapes (circle, square,
+// triangle; red, green, blue) in distinct cells of a 2x2 grid on black; the
+// questions come from four templates:
+//   "is there a red circle?"            closed, yes/no (half of each)
+//   "what colour is the square?"        open, asked of a shape that occurs once
+//   "what shape is the blue object?"    open, asked of a colour that occurs once
+//   "how many shapes are there?"        open, 1-3
+// 11 answer labels; the answer is always determined by the image, so a model
+// can reach ~100%, while always answering the most frequent label gets ~15%.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "writer.h"  // FileHeader, SplitData
+
+namespace vqa::prep {
+
+struct SynthOptions {
+  int64_t train_questions = 4000;
+  int64_t test_questions = 1000;
+  int64_t questions_per_image = 2;
+  int64_t image_size = 32;
+  int64_t max_question_length = 12;
+  uint64_t seed = 1;
+};
+
+struct SynthDataset {
+  FileHeader header;
+  std::vector<SplitData> splits;  // "train", "test"
+};
+
+// Deterministic in the options: the same seed gives the same bytes.
+SynthDataset synth_generate(const SynthOptions& options);
+
+}  // namespace vqa::prep

@@ -1,0 +1,459 @@
+#include "data/dataset_reader.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "runtime/distributed.h"  // distributed_configure_mpio
+
+namespace vqa::data {
+
+namespace {
+
+constexpr int64_t kValidationBlockRows = 16384;  // bounds validation memory to a few MB
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// FNV-1a, 64 bit: a checksum for the identity string, not for security.
+class Fingerprint {
+ public:
+  void add(const std::string& text) {
+    for (unsigned char c : text) hash_ = (hash_ ^ c) * 0x100000001B3ull;
+    hash_ = (hash_ ^ 0xFF) * 0x100000001B3ull;  // separator: ["ab","c"] != ["a","bc"]
+  }
+  void add(int64_t value) { add(std::to_string(value)); }
+  std::string hex() const {
+    char text[17];
+    std::snprintf(text, sizeof(text), "%016" PRIx64, hash_);
+    return text;
+  }
+
+ private:
+  uint64_t hash_ = 0xCBF29CE484222325ull;
+};
+
+template <typename T>
+std::vector<T> read_rows(hid_t dataset, hid_t memory_type, const std::vector<int64_t>& sorted_rows,
+                         int64_t row_elements, const std::string& name, const std::string& path) {
+  std::vector<T> values(sorted_rows.size() * static_cast<size_t>(row_elements));
+  if (sorted_rows.empty()) return values;
+  Hdf5RowSelection selection = hdf5_select_rows(dataset, sorted_rows, name, path);
+  hdf5_try(H5Dread(dataset, memory_type, selection.memory_space.get(), selection.file_space.get(),
+                   H5P_DEFAULT, values.data()),
+           ("H5Dread('" + name + "')").c_str(), path);
+  return values;
+}
+
+std::vector<int64_t> row_range(int64_t first, int64_t count) {
+  std::vector<int64_t> rows(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) rows[i] = first + i;
+  return rows;
+}
+
+}  // namespace
+
+void DatasetReader::fail(const std::string& object, const std::string& problem) const {
+  throw DataFormatError(path_ + ": " + object + ": " + problem);
+}
+
+DatasetReader::DatasetReader(const std::string& path, const std::string& split, bool use_mpio)
+    : path_(path), split_(split) {
+  hdf5_silence_errors();
+  info_.path = path;
+  info_.split = split;
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {
+    throw DataFormatError(path + ": no such dataset file");
+  }
+  if (H5Fis_hdf5(path.c_str()) <= 0) throw DataFormatError(path + ": not an HDF5 file");
+  Hdf5Id access(H5Pcreate(H5P_FILE_ACCESS));
+  hdf5_try(access.get(), "H5Pcreate(H5P_FILE_ACCESS)", path);
+  if (use_mpio) runtime::distributed_configure_mpio(access.get());
+  file_ = Hdf5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, access.get()));
+  hdf5_try(file_.get(), "H5Fopen", path);
+  validate_header();
+  open_split_datasets();
+  validate_rows();
+}
+
+Hdf5Id DatasetReader::open_checked(const std::string& name, const std::vector<std::string>& dtypes,
+                                   const std::vector<int64_t>& expected_shape,
+                                   std::vector<int64_t>* shape) {
+  Hdf5Id dataset = hdf5_open_dataset(file_.get(), name, path_);
+  const std::string dtype = hdf5_element_type(dataset.get(), false, name, path_).describe();
+  if (std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end()) {
+    std::string expected;
+    for (const auto& d : dtypes) expected += (expected.empty() ? "" : " or ") + d;
+    fail("dataset '" + name + "'", "dtype is " + dtype + ", expected " + expected);
+  }
+  std::vector<int64_t> actual = hdf5_shape(dataset.get(), name, path_);
+  bool matches = actual.size() == expected_shape.size();
+  for (size_t i = 0; matches && i < actual.size(); ++i) {
+    matches = expected_shape[i] < 0 || expected_shape[i] == actual[i];
+  }
+  if (!matches) {
+    fail("dataset '" + name + "'", "shape is " + shape_string(actual) + ", expected " +
+                                       shape_string(expected_shape) + " (-1: any)");
+  }
+  if (shape) *shape = actual;
+  return dataset;
+}
+
+void DatasetReader::validate_header() {
+  const hid_t root = file_.get();
+  const std::string format = hdf5_read_string_attribute(root, kAttrFormat, path_);
+  if (format != kFormatName) fail("attribute 'format'", "is '" + format + "', expected 'vqa-hpc'");
+  const int64_t version = hdf5_read_int_attribute(root, kAttrFormatVersion, path_);
+  if (version != kFormatVersion) {
+    fail("attribute 'format_version'", "is " + std::to_string(version) +
+                                           ", this build reads version " +
+                                           std::to_string(kFormatVersion));
+  }
+  const std::string storage = hdf5_read_string_attribute(root, kAttrImageStorage, path_);
+  if (storage != "pixels" && storage != "features") {
+    fail("attribute 'image_storage'", "is '" + storage + "', expected 'pixels' or 'features'");
+  }
+  info_.has_features = storage == "features";
+  info_.image_size = hdf5_read_int_attribute(root, kAttrImageSize, path_);
+  if (info_.has_features ? info_.image_size != 0
+                         : (info_.image_size < 1 || info_.image_size > kMaxImageSize)) {
+    fail("attribute 'image_size'",
+         "is " + std::to_string(info_.image_size) +
+             (info_.has_features ? ", expected 0 with features"
+                                 : ", expected 1.." + std::to_string(kMaxImageSize)));
+  }
+  info_.image_mean = hdf5_read_double_attribute(root, kAttrImageMean, path_);
+  info_.image_std = hdf5_read_double_attribute(root, kAttrImageStd, path_);
+  if (info_.image_mean.size() != 3 || info_.image_std.size() != 3) {
+    fail("attributes 'image_mean'/'image_std'",
+         "need 3 values each, found " + std::to_string(info_.image_mean.size()) + " and " +
+             std::to_string(info_.image_std.size()));
+  }
+  for (size_t c = 0; c < 3; ++c) {
+    if (!std::isfinite(info_.image_mean[c]) || !(info_.image_std[c] > 0.0) ||
+        !std::isfinite(info_.image_std[c])) {
+      fail("attribute 'image_std'", "channel " + std::to_string(c) + " is " +
+                                        std::to_string(info_.image_std[c]) + ", expected > 0");
+    }
+  }
+  info_.max_question_length = hdf5_read_int_attribute(root, kAttrMaxQuestionLength, path_);
+  if (info_.max_question_length < 1 || info_.max_question_length > kMaxQuestionLength) {
+    fail("attribute 'max_question_length'", "is " + std::to_string(info_.max_question_length) +
+                                                ", expected 1.." +
+                                                std::to_string(kMaxQuestionLength));
+  }
+  info_.num_answers = hdf5_read_int_attribute(root, kAttrNumAnswers, path_);
+  if (info_.num_answers < 1 || info_.num_answers > kMaxAnswers) {
+    fail("attribute 'num_answers'", "is " + std::to_string(info_.num_answers) + ", expected 1.." +
+                                        std::to_string(kMaxAnswers));
+  }
+  info_.tokenizer = hdf5_read_string_attribute(root, kAttrTokenizer, path_);
+
+  std::vector<int64_t> shape;
+  Hdf5Id answers = open_checked(kAnswerVocabulary, {"string"}, {info_.num_answers}, &shape);
+  info_.answer_labels = hdf5_read_strings(answers.get(), 0, shape[0], kAnswerVocabulary, path_);
+  Hdf5Id tokens = open_checked(kTokenVocabulary, {"string"}, {-1}, &shape);
+  if (shape[0] <= kClassToken || shape[0] > kMaxVocabulary) {
+    fail(std::string("dataset '") + kTokenVocabulary + "'",
+         "has " + std::to_string(shape[0]) + " entries, expected " +
+             std::to_string(kClassToken + 1) + ".." + std::to_string(kMaxVocabulary));
+  }
+  tokens_ = hdf5_read_strings(tokens.get(), 0, shape[0], kTokenVocabulary, path_);
+  info_.vocab_size = shape[0];
+  Hdf5Id types = open_checked(kQuestionTypeVocabulary, {"string"}, {-1}, &shape);
+  if (shape[0] > kMaxAnswers)
+    fail(kQuestionTypeVocabulary, "has " + std::to_string(shape[0]) + " entries");
+  question_types_ = hdf5_read_strings(types.get(), 0, shape[0], kQuestionTypeVocabulary, path_);
+}
+
+void DatasetReader::open_split_datasets() {
+  if (split_.empty() || split_.find('/') != std::string::npos ||
+      !hdf5_exists(file_.get(), "/" + split_)) {
+    fail("split '" + split_ + "'", "no such group in the file (expected /train or /test)");
+  }
+  const std::string prefix = "/" + split_ + "/";
+  const int64_t length = info_.max_question_length;
+  std::vector<int64_t> shape;
+  token_ids_ = open_checked(prefix + kTokenIds, {"int32"}, {-1, length}, &shape);
+  info_.num_questions = shape[0];
+  if (info_.num_questions < 1 || info_.num_questions > INT32_MAX) {
+    fail("dataset '" + prefix + kTokenIds + "'", "has " + std::to_string(shape[0]) + " questions");
+  }
+  if (info_.has_features) {
+    images_ = open_checked(prefix + kFeatures, {"float16", "float32"}, {-1, -1, -1}, &shape);
+    info_.feature_tokens = shape[1];
+    info_.feature_dim = shape[2];
+    if (shape[1] < 1 || shape[2] < 1 || shape[1] * shape[2] > kMaxFeatureElements) {
+      fail("dataset '" + prefix + kFeatures + "'",
+           "per-image shape " + shape_string(shape) + " is empty or larger than " +
+               std::to_string(kMaxFeatureElements) + " values");
+    }
+  } else {
+    const int64_t size = info_.image_size;
+    images_ = open_checked(prefix + kImages, {"uint8"}, {-1, 3, size, size}, &shape);
+  }
+  info_.num_images = shape[0];
+  if (info_.num_images < 1) fail("dataset '" + prefix + kImages + "'", "holds no images");
+  const int64_t n = info_.num_questions;
+  image_names_ = open_checked(prefix + kImageNames, {"string"}, {info_.num_images}, nullptr);
+  attention_mask_ = open_checked(prefix + kAttentionMask, {"uint8"}, {n, length}, nullptr);
+  image_row_ = open_checked(prefix + kImageRow, {"int32"}, {n}, nullptr);
+  answer_type_ = open_checked(prefix + kAnswerType, {"uint8"}, {n}, nullptr);
+  question_id_ = open_checked(prefix + kQuestionId, {"int64"}, {n}, nullptr);
+  question_type_ = open_checked(prefix + kQuestionType, {"int32"}, {n}, nullptr);
+  question_text_ = open_checked(prefix + kQuestionText, {"string"}, {n}, nullptr);
+  answer_text_ = open_checked(prefix + kAnswerText, {"string"}, {n}, nullptr);
+  target_labels_ = open_checked(prefix + kTargetLabels, {"int32"}, {n, -1}, &shape);
+  max_targets_ = shape[1];
+  if (max_targets_ < 1 || max_targets_ > kMaxTargetsPerQuestion) {
+    fail("dataset '" + prefix + kTargetLabels + "'", "has " + std::to_string(max_targets_) +
+                                                         " targets per question, expected 1.." +
+                                                         std::to_string(kMaxTargetsPerQuestion));
+  }
+  target_scores_ = open_checked(prefix + kTargetScores, {"float32"}, {n, max_targets_}, nullptr);
+
+  Fingerprint fingerprint;
+  for (const auto& text :
+       {info_.tokenizer, std::string(info_.has_features ? "features" : "pixels")}) {
+    fingerprint.add(text);
+  }
+  for (int64_t value : {info_.image_size, info_.max_question_length, info_.feature_tokens,
+                        info_.feature_dim, max_targets_}) {
+    fingerprint.add(value);
+  }
+  for (double value : info_.image_mean) fingerprint.add(std::to_string(value));
+  for (double value : info_.image_std) fingerprint.add(std::to_string(value));
+  for (const auto& label : info_.answer_labels) fingerprint.add(label);
+  for (const auto& token : tokens_) fingerprint.add(token);
+  info_.identity = "v" + std::to_string(kFormatVersion) + "/" + split_ + "/q" + std::to_string(n) +
+                   "/i" + std::to_string(info_.num_images) + "/K" +
+                   std::to_string(info_.num_answers) + "/V" + std::to_string(info_.vocab_size) +
+                   "/" + fingerprint.hex();
+}
+
+void DatasetReader::validate_rows() {
+  const std::string prefix = "/" + split_ + "/";
+  const int64_t n = info_.num_questions, length = info_.max_question_length;
+  statistics_.top_label_counts.assign(static_cast<size_t>(info_.num_answers), 0);
+  auto out_of_range = [&](const char* name, int64_t row, int64_t value, int64_t low, int64_t high) {
+    fail("dataset '" + prefix + name + "' row " + std::to_string(row),
+         "value " + std::to_string(value) + " is outside [" + std::to_string(low) + ", " +
+             std::to_string(high) + ")");
+  };
+  for (int64_t first = 0; first < n; first += kValidationBlockRows) {
+    const int64_t count = std::min(kValidationBlockRows, n - first);
+    const std::vector<int64_t> rows = row_range(first, count);
+    const auto tokens = read_rows<int32_t>(token_ids_.get(), H5T_NATIVE_INT32, rows, length,
+                                           prefix + kTokenIds, path_);
+    const auto mask = read_rows<uint8_t>(attention_mask_.get(), H5T_NATIVE_UINT8, rows, length,
+                                         prefix + kAttentionMask, path_);
+    const auto image_rows =
+        read_rows<int32_t>(image_row_.get(), H5T_NATIVE_INT32, rows, 1, prefix + kImageRow, path_);
+    const auto answer_types = read_rows<uint8_t>(answer_type_.get(), H5T_NATIVE_UINT8, rows, 1,
+                                                 prefix + kAnswerType, path_);
+    const auto question_types = read_rows<int32_t>(question_type_.get(), H5T_NATIVE_INT32, rows, 1,
+                                                   prefix + kQuestionType, path_);
+    const auto labels = read_rows<int32_t>(target_labels_.get(), H5T_NATIVE_INT32, rows,
+                                           max_targets_, prefix + kTargetLabels, path_);
+    const auto scores = read_rows<float>(target_scores_.get(), H5T_NATIVE_FLOAT, rows, max_targets_,
+                                         prefix + kTargetScores, path_);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t row = first + i;
+      for (int64_t t = 0; t < length; ++t) {
+        const int64_t token = tokens[i * length + t];
+        if (token < 0 || token >= info_.vocab_size)
+          out_of_range(kTokenIds, row, token, 0, info_.vocab_size);
+        if (mask[i * length + t] > 1) out_of_range(kAttentionMask, row, mask[i * length + t], 0, 2);
+      }
+      if (image_rows[i] < 0 || image_rows[i] >= info_.num_images) {
+        out_of_range(kImageRow, row, image_rows[i], 0, info_.num_images);
+      }
+      if (answer_types[i] > 1) out_of_range(kAnswerType, row, answer_types[i], 0, 2);
+      (answer_types[i] == kAnswerTypeClosed ? statistics_.closed : statistics_.open) += 1;
+      const auto num_types = static_cast<int64_t>(question_types_.size());
+      if (question_types[i] < -1 || question_types[i] >= num_types) {
+        out_of_range(kQuestionType, row, question_types[i], -1, num_types);
+      }
+      int64_t best = -1;
+      float best_score = -1.0f;
+      for (int64_t m = 0; m < max_targets_; ++m) {
+        const int64_t label = labels[i * max_targets_ + m];
+        const float score = scores[i * max_targets_ + m];
+        if (label < -1 || label >= info_.num_answers) {
+          out_of_range(kTargetLabels, row, label, -1, info_.num_answers);
+        }
+        if (!(score >= 0.0f && score <= 1.0f)) {
+          fail("dataset '" + prefix + kTargetScores + "' row " + std::to_string(row),
+               "score " + std::to_string(score) + " is outside [0, 1]");
+        }
+        if (label >= 0 && score > best_score) best = label, best_score = score;
+      }
+      if (best < 0) {
+        ++statistics_.unlabelled;
+      } else {
+        ++statistics_.top_label_counts[static_cast<size_t>(best)];
+      }
+    }
+  }
+}
+
+Batch DatasetReader::read_batch(const std::vector<int64_t>& rows, const std::vector<float>& valid) {
+  const auto batch_size = static_cast<int64_t>(rows.size());
+  std::vector<int64_t> unique_rows = rows;
+  std::sort(unique_rows.begin(), unique_rows.end());
+  unique_rows.erase(std::unique(unique_rows.begin(), unique_rows.end()), unique_rows.end());
+  if (!unique_rows.empty() &&
+      (unique_rows.front() < 0 || unique_rows.back() >= info_.num_questions)) {
+    fail("read_batch", "question row out of range");
+  }
+  // position[i]: where batch row i sits among the unique rows read.
+  std::vector<int64_t> position(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    position[i] =
+        std::lower_bound(unique_rows.begin(), unique_rows.end(), rows[i]) - unique_rows.begin();
+  }
+  const auto order = torch::tensor(position, torch::kInt64);
+  const int64_t u = static_cast<int64_t>(unique_rows.size()), length = info_.max_question_length;
+  const std::string prefix = "/" + split_ + "/";
+  auto tokens = read_rows<int64_t>(token_ids_.get(), H5T_NATIVE_INT64, unique_rows, length,
+                                   prefix + kTokenIds, path_);
+  auto mask = read_rows<int64_t>(attention_mask_.get(), H5T_NATIVE_INT64, unique_rows, length,
+                                 prefix + kAttentionMask, path_);
+  auto image_rows = read_rows<int64_t>(image_row_.get(), H5T_NATIVE_INT64, unique_rows, 1,
+                                       prefix + kImageRow, path_);
+  auto answer_types = read_rows<int64_t>(answer_type_.get(), H5T_NATIVE_INT64, unique_rows, 1,
+                                         prefix + kAnswerType, path_);
+  auto question_ids = read_rows<int64_t>(question_id_.get(), H5T_NATIVE_INT64, unique_rows, 1,
+                                         prefix + kQuestionId, path_);
+  const auto labels = read_rows<int32_t>(target_labels_.get(), H5T_NATIVE_INT32, unique_rows,
+                                         max_targets_, prefix + kTargetLabels, path_);
+  const auto scores = read_rows<float>(target_scores_.get(), H5T_NATIVE_FLOAT, unique_rows,
+                                       max_targets_, prefix + kTargetScores, path_);
+
+  Batch batch;
+  auto as_tensor = [&](std::vector<int64_t>& values, std::vector<int64_t> shape) {
+    return torch::from_blob(values.data(), shape, torch::kInt64).index_select(0, order);
+  };
+  batch.token_ids = as_tensor(tokens, {u, length});
+  batch.attention_mask = as_tensor(mask, {u, length});
+  batch.answer_type = as_tensor(answer_types, {u});
+  batch.question_ids = as_tensor(question_ids, {u});
+  batch.valid = torch::tensor(valid, torch::kFloat32);
+
+  auto targets = torch::zeros({u, info_.num_answers}, torch::kFloat32);
+  auto* target_data = targets.data_ptr<float>();
+  for (int64_t i = 0; i < u; ++i) {
+    for (int64_t m = 0; m < max_targets_; ++m) {
+      const int32_t label = labels[i * max_targets_ + m];
+      if (label < -1 || label >= info_.num_answers) {
+        fail("dataset '" + prefix + kTargetLabels + "' row " + std::to_string(unique_rows[i]),
+             "label " + std::to_string(label) + " out of range");
+      }
+      if (label >= 0) target_data[i * info_.num_answers + label] = scores[i * max_targets_ + m];
+    }
+  }
+  batch.targets = targets.index_select(0, order);
+
+  // Images: each distinct row once, however many questions in the batch use it.
+  std::vector<int64_t> unique_images = image_rows;
+  std::sort(unique_images.begin(), unique_images.end());
+  unique_images.erase(std::unique(unique_images.begin(), unique_images.end()), unique_images.end());
+  if (!unique_images.empty() &&
+      (unique_images.front() < 0 || unique_images.back() >= info_.num_images)) {
+    fail("dataset '" + prefix + kImageRow + "'", "image row out of range");
+  }
+  std::vector<int64_t> image_position(image_rows.size());
+  for (size_t i = 0; i < image_rows.size(); ++i) {
+    image_position[i] =
+        std::lower_bound(unique_images.begin(), unique_images.end(), image_rows[i]) -
+        unique_images.begin();
+  }
+  const auto image_order = torch::tensor(image_position, torch::kInt64).index_select(0, order);
+  const auto ui = static_cast<int64_t>(unique_images.size());
+  if (info_.has_features) {
+    const int64_t per_image = info_.feature_tokens * info_.feature_dim;
+    auto features = read_rows<float>(images_.get(), H5T_NATIVE_FLOAT, unique_images, per_image,
+                                     prefix + kFeatures, path_);
+    batch.images = torch::from_blob(features.data(), {ui, info_.feature_tokens, info_.feature_dim},
+                                    torch::kFloat32)
+                       .index_select(0, image_order);
+  } else {
+    const int64_t size = info_.image_size;
+    auto pixels = read_rows<uint8_t>(images_.get(), H5T_NATIVE_UINT8, unique_images,
+                                     3 * size * size, prefix + kImages, path_);
+    auto mean =
+        torch::tensor(info_.image_mean, torch::kFloat64).to(torch::kFloat32).view({1, 3, 1, 1});
+    auto std =
+        torch::tensor(info_.image_std, torch::kFloat64).to(torch::kFloat32).view({1, 3, 1, 1});
+    batch.images = torch::from_blob(pixels.data(), {ui, 3, size, size}, torch::kUInt8)
+                       .index_select(0, image_order)
+                       .to(torch::kFloat32)
+                       .div_(255.0f)
+                       .sub_(mean)
+                       .div_(std);
+  }
+  (void)batch_size;
+  return batch;
+}
+
+std::vector<QuestionRecord> DatasetReader::read_records(int64_t first, int64_t count) {
+  count = std::max<int64_t>(0, std::min(count, info_.num_questions - first));
+  std::vector<QuestionRecord> records(static_cast<size_t>(count));
+  if (count == 0) return records;
+  const std::string prefix = "/" + split_ + "/";
+  const std::vector<int64_t> rows = row_range(first, count);
+  const int64_t length = info_.max_question_length;
+  const auto tokens = read_rows<int32_t>(token_ids_.get(), H5T_NATIVE_INT32, rows, length,
+                                         prefix + kTokenIds, path_);
+  const auto mask = read_rows<uint8_t>(attention_mask_.get(), H5T_NATIVE_UINT8, rows, length,
+                                       prefix + kAttentionMask, path_);
+  const auto image_rows =
+      read_rows<int32_t>(image_row_.get(), H5T_NATIVE_INT32, rows, 1, prefix + kImageRow, path_);
+  const auto answer_types = read_rows<uint8_t>(answer_type_.get(), H5T_NATIVE_UINT8, rows, 1,
+                                               prefix + kAnswerType, path_);
+  const auto question_ids = read_rows<int64_t>(question_id_.get(), H5T_NATIVE_INT64, rows, 1,
+                                               prefix + kQuestionId, path_);
+  const auto question_types = read_rows<int32_t>(question_type_.get(), H5T_NATIVE_INT32, rows, 1,
+                                                 prefix + kQuestionType, path_);
+  const auto labels = read_rows<int32_t>(target_labels_.get(), H5T_NATIVE_INT32, rows, max_targets_,
+                                         prefix + kTargetLabels, path_);
+  const auto scores = read_rows<float>(target_scores_.get(), H5T_NATIVE_FLOAT, rows, max_targets_,
+                                       prefix + kTargetScores, path_);
+  const auto questions =
+      hdf5_read_strings(question_text_.get(), first, count, prefix + kQuestionText, path_);
+  const auto answers =
+      hdf5_read_strings(answer_text_.get(), first, count, prefix + kAnswerText, path_);
+  for (int64_t i = 0; i < count; ++i) {
+    QuestionRecord& record = records[i];
+    record.row = first + i;
+    record.question_id = question_ids[i];
+    record.image_row = image_rows[i];
+    record.answer_type = answer_types[i];
+    record.question_type =
+        question_types[i] >= 0 && question_types[i] < static_cast<int64_t>(question_types_.size())
+            ? question_types_[question_types[i]]
+            : "";
+    record.question_text = questions[i];
+    record.answer_text = answers[i];
+    record.image_name =
+        hdf5_read_strings(image_names_.get(), image_rows[i], 1, prefix + kImageNames, path_).at(0);
+    for (int64_t t = 0; t < length; ++t) {
+      if (mask[i * length + t]) record.token_ids.push_back(tokens[i * length + t]);
+    }
+    for (int64_t m = 0; m < max_targets_; ++m) {
+      if (labels[i * max_targets_ + m] >= 0) {
+        record.labels.push_back(labels[i * max_targets_ + m]);
+        record.scores.push_back(scores[i * max_targets_ + m]);
+      }
+    }
+  }
+  return records;
+}
+
+}  // namespace vqa::data

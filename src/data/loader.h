@@ -1,0 +1,131 @@
+// The training job's view of a dataset file: one ShardedLoader per split
+// gives this rank its shard, batch by batch, prepared ahead on a background
+// thread. The file layout is in data_prep/FORMAT.md.
+//
+// Threads: construct, call and destroy a loader from one thread (the main
+// thread). Every HDF5 call of the process's loaders runs on one shared I/O
+// thread (this HDF5 build is not thread-safe); nothing else in the process
+// may call HDF5 while a loader exists.
+//
+// MPI: when the runtime is up (distributed_init), the file is opened through
+// MPI-IO, and construction and destruction are collective: every rank
+// constructs and destroys its loaders in the same order, and destroys them
+// before distributed_finalize. Without the runtime the file is opened with the
+// default (POSIX) driver, for tools and single-process tests.
+//
+// Errors: a malformed or unreadable file throws DataFormatError (a
+// std::runtime_error) naming the file, the dataset or attribute and the value;
+// from the constructor, or from next() when it happens while preparing a batch.
+// Every rank validates the same file, so every rank throws.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/format.h"  // DataFormatError, kFormatVersion
+
+namespace vqa::data {
+
+// What a split holds, read from the file's root attributes and vocabularies.
+struct DatasetInfo {
+  std::string path, split;
+  int64_t num_questions = 0, num_images = 0;
+  int64_t num_answers = 0;  // K, the size of the answer label set
+  int64_t vocab_size = 0, max_question_length = 0;
+  bool has_features = false;                    // false: pixels
+  int64_t image_size = 0;                       // pixels: H == W; 0 when features
+  int64_t feature_tokens = 0, feature_dim = 0;  // features: [n_images, tokens, dim]; 0 when pixels
+  // Format version, split, counts and a checksum of the header and
+  // vocabularies: equal strings on two ranks mean the same dataset.
+  std::string identity;
+  std::vector<std::string> answer_labels;     // label id -> answer text
+  std::string tokenizer;                      // the tokenizer kind, e.g. "word"
+  std::vector<double> image_mean, image_std;  // per channel, pixel values in [0, 1]
+};
+
+// One batch; all CPU tensors, B rows.
+struct Batch {
+  torch::Tensor
+      images;  // float32 [B,3,H,W] normalised with the file's mean/std, or features float32 [B,T,D]
+  torch::Tensor token_ids;       // int64 [B,L]
+  torch::Tensor attention_mask;  // int64 [B,L], 1 for real tokens, 0 for padding
+  torch::Tensor
+      targets;  // float32 [B,K] dense soft scores (zeros when the answer is outside the label set)
+  torch::Tensor answer_type;   // int64 [B], 0 = closed, 1 = open
+  torch::Tensor question_ids;  // int64 [B]
+  torch::Tensor valid;  // float32 [B]: 1 for a real sample, 0 for a wrap-around padding sample
+  int64_t size() const { return question_ids.defined() ? question_ids.size(0) : 0; }
+};
+
+struct LoaderOptions {
+  int64_t batch_per_rank = 32;
+  uint64_t seed = 0;
+  bool shuffle = true;
+  // true: drop the tail that does not fill every rank (and an incomplete last
+  // batch); false: pad the shards by wrap-around (padding rows have valid = 0)
+  // and keep a smaller last batch.
+  bool drop_last = false;
+  int prefetch_depth = 2;  // batches prepared ahead; 0 reads in next() (still on the I/O thread)
+  int rank = 0;
+  int world_size = 1;
+};
+
+class DatasetReader;  // dataset_reader.h: the HDF5 side, used on the I/O thread only
+
+class ShardedLoader {
+ public:
+  // split: a group of the file, "train" or "test". Collective (see above).
+  ShardedLoader(const std::string& path, const std::string& split, const LoaderOptions& options);
+  ~ShardedLoader();
+  ShardedLoader(const ShardedLoader&) = delete;
+  ShardedLoader& operator=(const ShardedLoader&) = delete;
+
+  const DatasetInfo& info() const { return info_; }
+  // Identical on every rank.
+  int64_t steps_per_epoch() const;
+  // The permutation comes from (seed, epoch) and is the same on every rank;
+  // skip_steps batches are skipped (for resuming mid-epoch) without reading them.
+  void start_epoch(int64_t epoch, int64_t skip_steps = 0);
+  // Fills `batch` with the next batch of this rank's shard; false at the end
+  // of the epoch. Rethrows an error from the I/O thread.
+  bool next(Batch& batch);
+  // Seconds next() spent blocked waiting for a batch, summed over the loader's life.
+  double wait_seconds() const { return wait_seconds_; }
+
+ private:
+  void submit(int64_t step);
+  void drain();
+
+  LoaderOptions options_;
+  DatasetInfo info_;
+  std::shared_ptr<DatasetReader> reader_;  // touched only on the I/O thread
+  std::vector<int64_t> shard_;             // this rank's sample indices for the epoch
+  int64_t num_samples_per_rank_ = 0;
+  int64_t next_submit_ = 0, next_return_ = 0, steps_ = 0;
+  std::deque<std::future<Batch>> in_flight_;
+  double wait_seconds_ = 0.0;
+};
+
+// The sampler of torch's DistributedSampler, as a pure function: a permutation
+// of [0, dataset_size) from (seed, epoch) when shuffle (identity order
+// otherwise), padded by wrap-around to a multiple of world_size (drop_last:
+// truncated to one), then every world_size-th element from `rank`. Every rank
+// gets the same count; the shards are disjoint up to the padding and their
+// union covers every sample (drop_last: all but fewer than world_size).
+// Entries >= dataset_size never occur: padding repeats earlier indices, and
+// padding positions are those at or past dataset_size in the padded order
+// (see shard_padding_start).
+std::vector<int64_t> shard_indices_for_rank(int64_t dataset_size, uint64_t seed, int64_t epoch,
+                                            bool shuffle, bool drop_last, int rank, int world_size);
+
+// The position in this rank's shard from which samples are wrap-around
+// padding (shard size when there is none).
+int64_t shard_padding_start(int64_t dataset_size, bool drop_last, int rank, int world_size);
+
+}  // namespace vqa::data
