@@ -1,0 +1,141 @@
+#include "model/layers.h"
+
+#include <cmath>
+
+namespace vqa::model {
+
+namespace {
+
+// Large enough that exp() of it underflows to exactly 0 in fp32, small enough
+// to stay finite in fp16 (unlike -inf, it cannot turn a row into NaN).
+constexpr double kMaskedScore = -1e4;
+
+torch::nn::LayerNormOptions layer_norm_options(int64_t hidden, double eps) {
+  return torch::nn::LayerNormOptions({hidden}).eps(eps);
+}
+
+}  // namespace
+
+torch::Tensor attention_key_bias(const torch::Tensor& attention_mask, torch::ScalarType dtype) {
+  TORCH_CHECK(attention_mask.dim() == 2, "attention_mask must be [B, L], got ",
+              attention_mask.sizes());
+  const torch::Tensor padded = attention_mask.eq(0).to(dtype);
+  return (padded * kMaskedScore).unsqueeze(1).unsqueeze(2);
+}
+
+MultiHeadAttentionImpl::MultiHeadAttentionImpl(int64_t hidden, int64_t heads, double dropout)
+    : heads_(heads),
+      query_(torch::nn::LinearOptions(hidden, hidden)),
+      key_(torch::nn::LinearOptions(hidden, hidden).bias(false)),
+      value_(torch::nn::LinearOptions(hidden, hidden)),
+      output_(torch::nn::LinearOptions(hidden, hidden)),
+      attention_dropout_(torch::nn::DropoutOptions(dropout)) {
+  TORCH_CHECK(hidden % heads == 0, "hidden (", hidden, ") must be a multiple of heads (", heads,
+              ")");
+  register_module("query", query_);
+  register_module("key", key_);
+  register_module("value", value_);
+  register_module("output", output_);
+  register_module("attention_dropout", attention_dropout_);
+}
+
+torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
+                                              const torch::Tensor& keys_values,
+                                              const torch::Tensor& key_bias) {
+  const int64_t batch = queries.size(0);
+  const int64_t query_length = queries.size(1);
+  const int64_t hidden = queries.size(2);
+  const int64_t head_size = hidden / heads_;
+  // [B, L, hidden] -> [B, heads, L, head_size]
+  const auto split_heads = [&](const torch::Tensor& x) {
+    return x.view({batch, x.size(1), heads_, head_size}).transpose(1, 2);
+  };
+  const torch::Tensor q = split_heads(query_(queries));
+  const torch::Tensor k = split_heads(key_(keys_values));
+  const torch::Tensor v = split_heads(value_(keys_values));
+
+  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(head_size));
+  if (key_bias.defined()) {
+    scores = scores + key_bias;
+  }
+  const torch::Tensor probabilities = attention_dropout_(torch::softmax(scores, /*dim=*/-1));
+  const torch::Tensor context =
+      torch::matmul(probabilities, v).transpose(1, 2).reshape({batch, query_length, hidden});
+  return output_(context);
+}
+
+FeedForwardImpl::FeedForwardImpl(int64_t hidden, int64_t ffn)
+    : up_(torch::nn::LinearOptions(hidden, ffn)), down_(torch::nn::LinearOptions(ffn, hidden)) {
+  register_module("up", up_);
+  register_module("down", down_);
+}
+
+torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
+  return down_(torch::gelu(up_(x)));
+}
+
+PreNormBlockImpl::PreNormBlockImpl(int64_t hidden, int64_t heads, int64_t ffn)
+    : attention_norm_(layer_norm_options(hidden, kVisionLayerNormEps)),
+      feed_forward_norm_(layer_norm_options(hidden, kVisionLayerNormEps)),
+      attention_(hidden, heads, /*dropout=*/0.0),
+      feed_forward_(hidden, ffn) {
+  register_module("attention_norm", attention_norm_);
+  register_module("attention", attention_);
+  register_module("feed_forward_norm", feed_forward_norm_);
+  register_module("feed_forward", feed_forward_);
+}
+
+torch::Tensor PreNormBlockImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor normed = attention_norm_(x);
+  const torch::Tensor after_attention =
+      x + attention_(normed, normed, /*key_bias=*/torch::Tensor());
+  return after_attention + feed_forward_(feed_forward_norm_(after_attention));
+}
+
+PostNormLayerImpl::PostNormLayerImpl(int64_t hidden, int64_t heads, int64_t ffn, double dropout)
+    : attention_(hidden, heads, dropout),
+      attention_norm_(layer_norm_options(hidden, kBertLayerNormEps)),
+      feed_forward_(hidden, ffn),
+      feed_forward_norm_(layer_norm_options(hidden, kBertLayerNormEps)),
+      dropout_(torch::nn::DropoutOptions(dropout)) {
+  register_module("attention", attention_);
+  register_module("attention_norm", attention_norm_);
+  register_module("feed_forward", feed_forward_);
+  register_module("feed_forward_norm", feed_forward_norm_);
+  register_module("dropout", dropout_);
+}
+
+torch::Tensor PostNormLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& key_bias) {
+  const torch::Tensor attended = attention_norm_(x + dropout_(attention_(x, x, key_bias)));
+  return feed_forward_norm_(attended + dropout_(feed_forward_(attended)));
+}
+
+CoAttentionLayerImpl::CoAttentionLayerImpl(int64_t hidden, int64_t heads, int64_t ffn,
+                                           double dropout)
+    : self_attention_(hidden, heads, dropout),
+      self_attention_norm_(layer_norm_options(hidden, kBertLayerNormEps)),
+      cross_attention_(hidden, heads, dropout),
+      cross_attention_norm_(layer_norm_options(hidden, kBertLayerNormEps)),
+      feed_forward_(hidden, ffn),
+      feed_forward_norm_(layer_norm_options(hidden, kBertLayerNormEps)),
+      dropout_(torch::nn::DropoutOptions(dropout)) {
+  register_module("self_attention", self_attention_);
+  register_module("self_attention_norm", self_attention_norm_);
+  register_module("cross_attention", cross_attention_);
+  register_module("cross_attention_norm", cross_attention_norm_);
+  register_module("feed_forward", feed_forward_);
+  register_module("feed_forward_norm", feed_forward_norm_);
+  register_module("dropout", dropout_);
+}
+
+torch::Tensor CoAttentionLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& x_key_bias,
+                                            const torch::Tensor& other,
+                                            const torch::Tensor& other_key_bias) {
+  const torch::Tensor self_attended =
+      self_attention_norm_(x + dropout_(self_attention_(x, x, x_key_bias)));
+  const torch::Tensor cross_attended = cross_attention_norm_(
+      self_attended + dropout_(cross_attention_(self_attended, other, other_key_bias)));
+  return feed_forward_norm_(cross_attended + dropout_(feed_forward_(cross_attended)));
+}
+
+}  // namespace vqa::model

@@ -1,0 +1,104 @@
+// Transformer building blocks shared by the encoders and the fusion layers.
+//
+// Shapes: hidden states are [B, L, hidden]. A key bias is the additive
+// attention bias of attention_key_bias(): [B, 1, 1, Lk], 0 for a real key and
+// a large negative number for a padded one, or an undefined tensor when every
+// key is real (no mask work at all).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace vqa::model {
+
+// CLIP's LayerNorm epsilon (vision encoder) and BERT's (text encoder, fusion, head).
+constexpr double kVisionLayerNormEps = 1e-5;
+constexpr double kBertLayerNormEps = 1e-12;
+
+// attention_mask: integer or bool [B, L], non-zero for a real token.
+// Returns the [B, 1, 1, L] additive bias in `dtype`.
+torch::Tensor attention_key_bias(const torch::Tensor& attention_mask, torch::ScalarType dtype);
+
+// Multi-head scaled dot-product attention of `queries` over `keys_values`.
+// The key projection has no bias: softmax is invariant to a per-query
+// constant, so a key bias always receives an exactly zero gradient.
+class MultiHeadAttentionImpl : public torch::nn::Module {
+ public:
+  MultiHeadAttentionImpl(int64_t hidden, int64_t heads, double dropout);
+
+  // queries [B, Lq, hidden], keys_values [B, Lk, hidden], key_bias as above.
+  // Returns [B, Lq, hidden].
+  torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& keys_values,
+                        const torch::Tensor& key_bias);
+
+ private:
+  int64_t heads_;
+  torch::nn::Linear query_, key_, value_, output_;
+  torch::nn::Dropout attention_dropout_;
+};
+TORCH_MODULE(MultiHeadAttention);
+
+// Linear(hidden, ffn) -> GELU -> Linear(ffn, hidden).
+class FeedForwardImpl : public torch::nn::Module {
+ public:
+  FeedForwardImpl(int64_t hidden, int64_t ffn);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::nn::Linear up_, down_;
+};
+TORCH_MODULE(FeedForward);
+
+// A ViT block with LayerNorm before each branch (CLIP's residual block).
+class PreNormBlockImpl : public torch::nn::Module {
+ public:
+  PreNormBlockImpl(int64_t hidden, int64_t heads, int64_t ffn);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::nn::LayerNorm attention_norm_, feed_forward_norm_;
+  MultiHeadAttention attention_;
+  FeedForward feed_forward_;
+};
+TORCH_MODULE(PreNormBlock);
+
+// A BERT layer: LayerNorm after each residual sum.
+class PostNormLayerImpl : public torch::nn::Module {
+ public:
+  PostNormLayerImpl(int64_t hidden, int64_t heads, int64_t ffn, double dropout);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& key_bias);
+
+ private:
+  MultiHeadAttention attention_;
+  torch::nn::LayerNorm attention_norm_;
+  FeedForward feed_forward_;
+  torch::nn::LayerNorm feed_forward_norm_;
+  torch::nn::Dropout dropout_;
+};
+TORCH_MODULE(PostNormLayer);
+
+// One side of M3AE's co-attention (METER's BertCrossLayer): self-attention,
+// then cross-attention to the other modality, then the feed-forward block,
+// each with a post-LayerNorm residual.
+class CoAttentionLayerImpl : public torch::nn::Module {
+ public:
+  CoAttentionLayerImpl(int64_t hidden, int64_t heads, int64_t ffn, double dropout);
+
+  // x [B, Lx, hidden] attends to itself under x_key_bias and to other
+  // [B, Lo, hidden] under other_key_bias. Returns [B, Lx, hidden].
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& x_key_bias,
+                        const torch::Tensor& other, const torch::Tensor& other_key_bias);
+
+ private:
+  MultiHeadAttention self_attention_;
+  torch::nn::LayerNorm self_attention_norm_;
+  MultiHeadAttention cross_attention_;
+  torch::nn::LayerNorm cross_attention_norm_;
+  FeedForward feed_forward_;
+  torch::nn::LayerNorm feed_forward_norm_;
+  torch::nn::Dropout dropout_;
+};
+TORCH_MODULE(CoAttentionLayer);
+
+}  // namespace vqa::model

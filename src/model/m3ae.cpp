@@ -1,0 +1,129 @@
+#include "model/m3ae.h"
+
+#include <stdexcept>
+#include <unordered_set>
+
+#include "model/layers.h"  // attention_key_bias
+
+namespace vqa::model {
+
+namespace {
+
+// BERT's rule: LayerNorm weight 1 and bias 0, every other bias 0, everything
+// else (Linear, Embedding and Conv2d weights, class tokens, position tables)
+// N(0, kInitStd). Modules are visited in registration order, so the draws are
+// reproducible under torch::manual_seed.
+void initialize_parameters(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  // apply() visits the module itself without needing a shared_ptr to it, so
+  // this works from inside the constructor.
+  model.apply(torch::nn::Module::ModuleApplyFunction([](torch::nn::Module& module) {
+    const bool is_layer_norm = module.as<torch::nn::LayerNorm>() != nullptr;
+    for (auto& parameter : module.named_parameters(/*recurse=*/false)) {
+      if (parameter.key() == "bias") {
+        parameter.value().zero_();
+      } else if (is_layer_norm) {
+        parameter.value().fill_(1.0);
+      } else {
+        parameter.value().normal_(/*mean=*/0.0, /*std=*/kInitStd);
+      }
+    }
+  }));
+}
+
+ParameterGroup group_of_child(const std::string& child) {
+  if (child == "vision" || child == "text") {
+    return ParameterGroup::kEncoder;
+  }
+  if (child == "fusion") {
+    return ParameterGroup::kFusion;
+  }
+  if (child == "head") {
+    return ParameterGroup::kHead;
+  }
+  // A new top-level module must be given a learning-rate group here.
+  throw std::logic_error("model_parameter_groups: no group for top-level module '" + child + "'");
+}
+
+}  // namespace
+
+M3AEImpl::M3AEImpl(const ModelConfig& config)
+    // Validated before any member is built from it.
+    : config_((model_config_validate(config), config)),
+      text_(config.hidden, config.heads, config.ffn, config.text_layers, config.vocab_size,
+            config.max_text_length, config.dropout),
+      fusion_(config.hidden, config.heads, config.ffn, config.fusion_layers, config.dropout),
+      head_(config.hidden, config.num_answers) {
+  if (config.use_features) {
+    feature_encoder_ = FeatureEncoder(config.hidden, config.feature_tokens, config.feature_dim);
+    register_module("vision", feature_encoder_);
+  } else {
+    vision_transformer_ =
+        VisionTransformer(config.hidden, config.heads, config.ffn, config.vision_layers,
+                          config.image_size, config.patch_size);
+    register_module("vision", vision_transformer_);
+  }
+  register_module("text", text_);
+  register_module("fusion", fusion_);
+  register_module("head", head_);
+  initialize_parameters(*this);
+}
+
+torch::Tensor M3AEImpl::forward(const torch::Tensor& images, const torch::Tensor& token_ids,
+                                const torch::Tensor& attention_mask) {
+  TORCH_CHECK(token_ids.dim() == 2 && attention_mask.sizes() == token_ids.sizes(),
+              "attention_mask ", attention_mask.sizes(), " must match token_ids ",
+              token_ids.sizes());
+  TORCH_CHECK(images.size(0) == token_ids.size(0), "batch sizes differ: images ", images.sizes(),
+              ", token_ids ", token_ids.sizes());
+  const torch::Tensor image_tokens =
+      config_.use_features ? feature_encoder_(images) : vision_transformer_(images);
+  // In the inputs' floating type, so that a model converted to half keeps
+  // its attention scores in half.
+  const torch::Tensor text_key_bias = attention_key_bias(attention_mask, images.scalar_type());
+  const torch::Tensor text_tokens = text_(token_ids, text_key_bias);
+  const auto [fused_text, fused_image] = fusion_(text_tokens, text_key_bias, image_tokens);
+  return head_(fused_text, fused_image);
+}
+
+int64_t parameter_count(const torch::nn::Module& module) {
+  int64_t count = 0;
+  for (const auto& parameter : module.parameters(/*recurse=*/true)) {
+    count += parameter.numel();
+  }
+  return count;
+}
+
+const char* parameter_group_name(ParameterGroup group) {
+  switch (group) {
+    case ParameterGroup::kEncoder:
+      return "encoder";
+    case ParameterGroup::kFusion:
+      return "fusion";
+    case ParameterGroup::kHead:
+      return "head";
+  }
+  return "unknown";
+}
+
+std::vector<NamedParameter> model_parameter_groups(M3AE& model) {
+  std::unordered_set<const void*> no_decay;
+  model->apply(torch::nn::Module::ModuleApplyFunction([&](torch::nn::Module& module) {
+    const bool is_layer_norm = module.as<torch::nn::LayerNorm>() != nullptr;
+    for (const auto& parameter : module.named_parameters(/*recurse=*/false)) {
+      if (is_layer_norm || parameter.key() == "bias") {
+        no_decay.insert(parameter.value().unsafeGetTensorImpl());
+      }
+    }
+  }));
+  std::vector<NamedParameter> groups;
+  for (const auto& parameter : model->named_parameters(/*recurse=*/true)) {
+    const std::string& name = parameter.key();
+    const ParameterGroup group = group_of_child(name.substr(0, name.find('.')));
+    const bool weight_decay = no_decay.count(parameter.value().unsafeGetTensorImpl()) == 0;
+    groups.push_back({name, parameter.value(), group, weight_decay});
+  }
+  return groups;
+}
+
+}  // namespace vqa::model

@@ -1,0 +1,81 @@
+// The M3AE-style medical VQA model: a vision encoder (ViT over pixels, or a
+// projection of pre-extracted features), a RoBERTa-style text encoder,
+// co-attention fusion and an answer classifier. Model code sees tensors only:
+// it never talks to MPI or the runtime.
+//
+// Every parameter takes part in every forward, so each receives a gradient in
+// every backward and per-parameter autograd hooks fire exactly once. (Rows of
+// the token and position tables that a batch does not use receive zero rows in
+// that gradient, as with any embedding.)
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"  // ModelConfig, model_config_preset
+#include "model/fusion.h"  // CoAttentionFusion
+#include "model/head.h"    // VqaHead
+#include "model/text.h"    // TextEncoder
+#include "model/vision.h"  // VisionTransformer, FeatureEncoder
+
+namespace vqa::model {
+
+// Standard deviation of the normal initialisation of Linear, Embedding and
+// Conv2d weights, class tokens and position tables (BERT's and M3AE's).
+constexpr double kInitStd = 0.02;
+
+class M3AEImpl : public torch::nn::Module {
+ public:
+  // Validates the config (std::invalid_argument on a bad one) and builds the
+  // model. Initialisation draws from torch's default generator in a fixed
+  // order: the same torch::manual_seed gives identical parameters.
+  explicit M3AEImpl(const ModelConfig& config);
+
+  // images: float [B, 3, image_size, image_size], or with use_features
+  //         float [B, T, feature_dim], T <= feature_tokens;
+  // token_ids: int64 [B, L], L <= max_text_length, ids < vocab_size;
+  // attention_mask: integer [B, L], 1 for a real token, 0 for padding; token 0
+  //         (the classifier's text token) must be real.
+  // Returns logits float [B, num_answers]. Token ids at padded positions do not
+  // affect the logits.
+  torch::Tensor forward(const torch::Tensor& images, const torch::Tensor& token_ids,
+                        const torch::Tensor& attention_mask);
+
+  const ModelConfig& config() const { return config_; }
+
+ private:
+  ModelConfig config_;
+  // Exactly one of the two vision encoders is built; it is registered as "vision".
+  VisionTransformer vision_transformer_{nullptr};
+  FeatureEncoder feature_encoder_{nullptr};
+  TextEncoder text_;
+  CoAttentionFusion fusion_;
+  VqaHead head_;
+};
+TORCH_MODULE(M3AE);
+
+// Number of scalar parameters, counting every registered parameter once.
+int64_t parameter_count(const torch::nn::Module& module);
+
+// The optimiser's learning-rate groups (M3AE: lr x1 for the encoders, x5 for
+// the fusion, x50 for the head).
+enum class ParameterGroup { kEncoder, kFusion, kHead };
+const char* parameter_group_name(ParameterGroup group);  // "encoder" | "fusion" | "head"
+
+struct NamedParameter {
+  std::string name;  // as in model->named_parameters(), e.g. "fusion.text_layers.0.key.weight"
+  torch::Tensor tensor;
+  ParameterGroup group;
+  bool weight_decay;  // false for biases and LayerNorm weights
+};
+
+// Every parameter of the model once, in model->named_parameters() order.
+// Encoder: "vision" (ViT or feature projection) and "text" (with its
+// embeddings); fusion: modality projections, type embeddings and co-attention
+// layers; head: poolers and classifier.
+std::vector<NamedParameter> model_parameter_groups(M3AE& model);
+
+}  // namespace vqa::model
