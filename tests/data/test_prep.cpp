@@ -1,0 +1,312 @@
+// vqa_prep as a user runs it: synth, inspect, the hdf5-tools, convert on a
+// VQA-RAD / SLAKE style fixture written here (JSON + PNG and JPEG images),
+// and one test per bad input. Each bad-input test checks the exit status,
+// that the message names file, record and field, and that no output is left.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
+
+#include "data/dataset_reader.h"  // DatasetReader
+#include "data/loader.h"          // ShardedLoader
+#include "mpi_test_main.h"        // run_process, mpirun_prefix, make_temp_dir
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using vqa::testing::run_process;
+
+const std::string kPrep = VQA_PREP;
+const std::string kProbe = VQA_BAD_FILE_PROBE;
+
+json record(int64_t qid, const std::string& image, const std::string& question, json answer,
+            const std::string& type) {
+  return {{"qid", qid},
+          {"image_name", image},
+          {"question", question},
+          {"answer", answer},
+          {"answer_type", type},
+          {"question_type", "PRES"},
+          {"phrase_type", "freeform"},
+          {"image_organ", "CHEST"}};
+}
+
+void write_json(const std::string& path, const json& value) {
+  std::ofstream(path) << value.dump(1);
+}
+
+void write_image(const std::string& path, int width, int height, cv::Scalar bgr) {
+  fs::create_directories(fs::path(path).parent_path());
+  ASSERT_TRUE(cv::imwrite(path, cv::Mat(height, width, CV_8UC3, bgr))) << path;
+}
+
+// A VQA-RAD style fixture: 3 training images (PNG, JPEG, PNG in a
+// subfolder, none square), 6 training and 3 test questions.
+struct Fixture {
+  std::string dir, images, train_json, test_json, output;
+  json train, test;
+
+  explicit Fixture(const std::string& tag) {
+    dir = vqa::testing::make_temp_dir(tag);
+    images = dir + "/images";
+    train_json = dir + "/train.json";
+    test_json = dir + "/test.json";
+    output = dir + "/out/rad.h5";
+    fs::create_directories(dir + "/out");
+    write_image(images + "/a.png", 40, 30, cv::Scalar(50, 10, 200));  // RGB (200, 10, 50)
+    write_image(images + "/b.jpg", 30, 50, cv::Scalar(0, 255, 0));
+    write_image(images + "/sub/c.png", 64, 48, cv::Scalar(255, 0, 0));
+    train = json::array({record(1, "a.png", "Is there a mass?", "Yes", "CLOSED"),
+                         record(2, "b.jpg", "Is the heart enlarged?", "no", "closed"),
+                         record(3, "sub/c.png", "Which side is the lesion on?", "Left.", "OPEN"),
+                         record(4, "a.png", "What modality is this?", "the X-ray", "OPEN"),
+                         record(5, "b.jpg", "How many masses?", 2, "OPEN"),
+                         record(6, "sub/c.png", "Is there a mass?", "yes ", "CLOSED")});
+    test = json::array({record(101, "b.jpg", "Is there a mass?", "YES", "CLOSED"),
+                        record(102, "a.png", "Which side?", "Right", "OPEN"),
+                        record(103, "sub/c.png", "How many lesions?", "two", "OPEN")});
+  }
+  std::string command(const std::string& extra = "") {
+    write_json(train_json, train);
+    write_json(test_json, test);
+    return kPrep + " convert --train-json " + train_json + " --test-json " + test_json +
+           " --images " + images + " --image-size 24 -o " + output + " " + extra + " 2>&1";
+  }
+  bool output_left() const {
+    for (const auto& entry : fs::directory_iterator(dir + "/out")) {
+      (void)entry;
+      return true;
+    }
+    return false;
+  }
+};
+
+TEST(Prep, SynthIsValidAndReadableByTheHdf5Tools) {
+  const std::string file = vqa::testing::make_temp_dir("synth") + "/synth.h5";
+  auto result =
+      run_process(kPrep + " synth --train-questions 300 --test-questions 100 -o " + file, 60);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("train 300 questions"), std::string::npos) << result.output;
+  result = run_process(kPrep + " inspect " + file, 60);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("valid: every split checked"), std::string::npos) << result.output;
+  result = run_process("h5ls -r " + file, 60);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("/train/images"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("/test/targets/labels"), std::string::npos) << result.output;
+  result = run_process("h5dump -H " + file, 60);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("format_version"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("H5T_STD_U8LE"), std::string::npos) << result.output;
+}
+
+TEST(Prep, ConvertVqaRadGivesExpectedLabelsTargetsAndImages) {
+  Fixture fixture("convert");
+  const auto result = run_process(fixture.command(), 120);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("1 test answers outside the label set (e.g. 'right')"),
+            std::string::npos)
+      << result.output;
+  vqa::data::DatasetReader train(fixture.output, "train", false);
+  // By frequency ("yes" twice), then alphabetically; normalised as VQA evaluation does.
+  EXPECT_EQ(train.info().answer_labels,
+            (std::vector<std::string>{"yes", "2", "left", "no", "x ray"}));
+  EXPECT_EQ(train.info().num_images, 3);
+  const auto records = train.read_records(0, 6);
+  const std::vector<std::string> images = {"a.png", "b.jpg", "sub/c.png",
+                                           "a.png", "b.jpg", "sub/c.png"};
+  const std::vector<int32_t> labels = {0, 3, 2, 4, 1, 0};
+  for (size_t i = 0; i < records.size(); ++i) {
+    EXPECT_EQ(records[i].image_name, images[i]);
+    EXPECT_EQ(records[i].image_row, static_cast<int64_t>(i % 3));
+    EXPECT_EQ(records[i].labels, std::vector<int32_t>{labels[i]});
+    EXPECT_EQ(records[i].scores, std::vector<float>{1.0f});
+  }
+  EXPECT_EQ(records[0].answer_type, 0);
+  EXPECT_EQ(records[2].answer_type, 1);
+  vqa::data::DatasetReader test(fixture.output, "test", false);
+  const auto test_records = test.read_records(0, 3);
+  EXPECT_EQ(test_records[0].labels, std::vector<int32_t>{0});
+  EXPECT_TRUE(test_records[1].labels.empty()) << "'right' is outside the label set";
+  EXPECT_EQ(test_records[2].labels, std::vector<int32_t>{1}) << "'two' normalises to '2'";
+
+  // Pixels through the loader (no MPI: default driver). A solid colour stays
+  // solid under bicubic resizing: PNG exact to rounding (0.5 grey levels),
+  // JPEG within 4 (lossy coding); also checks BGR -> RGB.
+  vqa::data::LoaderOptions options;
+  options.batch_per_rank = 6;
+  options.shuffle = false;
+  vqa::data::ShardedLoader loader(fixture.output, "train", options);
+  loader.start_epoch(0);
+  vqa::data::Batch batch;
+  ASSERT_TRUE(loader.next(batch));
+  const auto& info = loader.info();
+  const auto mean = torch::tensor(info.image_mean).to(torch::kFloat32).view({3, 1, 1});
+  const auto std = torch::tensor(info.image_std).to(torch::kFloat32).view({3, 1, 1});
+  const auto rgb = [&](int64_t i) { return (batch.images[i] * std + mean) * 255.0f; };
+  const std::vector<std::vector<float>> colours = {{200, 10, 50}, {0, 255, 0}, {0, 0, 255}};
+  for (int64_t i = 0; i < 3; ++i) {
+    for (int64_t c = 0; c < 3; ++c) {
+      const float tolerance = i == 1 ? 4.0f : 0.5f;
+      EXPECT_LE((rgb(i)[c] - colours[i][c]).abs().max().item<float>(), tolerance)
+          << "image " << i << " channel " << c;
+    }
+  }
+}
+
+TEST(Prep, ConvertSlakeKeepsEnglishAndFolders) {
+  Fixture fixture("slake");
+  fixture.train = json::array();
+  for (int i = 0; i < 4; ++i) {
+    fixture.train.push_back({{"qid", i},
+                             {"img_name", "sub/c.png"},
+                             {"question", "Is this a CT?"},
+                             {"answer", i % 2 ? "Yes" : "No"},
+                             {"answer_type", "CLOSED"},
+                             {"content_type", "Modality"},
+                             {"q_lang", i == 3 ? "zh" : "en"}});
+  }
+  fixture.test = json::array({fixture.train[0]});
+  const auto result = run_process(fixture.command(), 120);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("train 3 questions"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("1 in another language than 'en'"), std::string::npos)
+      << result.output;
+}
+
+struct BadCase {
+  std::string name, field, value;
+  std::function<void(Fixture&)> damage;
+  bool skippable;
+};
+
+std::vector<BadCase> bad_cases() {
+  return {
+      {"missing image", "image_name", "no such image file",
+       [](Fixture& f) { f.train[1]["image_name"] = "missing.png"; }, true},
+      {"unreadable image", "image_name", "cannot decode image",
+       [](Fixture& f) {
+         std::ofstream(f.images + "/broken.png") << "not a png";
+         f.train[1]["image_name"] = "broken.png";
+       },
+       true},
+      {"unknown answer_type", "answer_type", "unknown value 'MAYBE'",
+       [](Fixture& f) { f.train[1]["answer_type"] = "maybe"; }, true},
+      {"duplicate qid", "qid", "duplicate qid 1", [](Fixture& f) { f.train[1]["qid"] = 1; }, true},
+      {"escaping name", "image_name", "'../a.png' contains '..'",
+       [](Fixture& f) { f.train[1]["image_name"] = "../a.png"; }, true},
+      {"absolute name", "image_name", "'/etc/passwd' is an absolute path",
+       [](Fixture& f) { f.train[1]["image_name"] = "/etc/passwd"; }, true},
+  };
+}
+
+TEST(PrepBadInput, StrictFailsNamingFileRecordAndFieldAndLeavesNoOutput) {
+  for (const BadCase& bad : bad_cases()) {
+    SCOPED_TRACE(bad.name);
+    Fixture fixture("bad");
+    bad.damage(fixture);
+    const auto result = run_process(fixture.command("--strict"), 60);
+    EXPECT_EQ(result.exit_code, 1) << result.output;
+    EXPECT_NE(result.output.find(fixture.train_json + ": record 1"), std::string::npos)
+        << result.output;
+    EXPECT_NE(result.output.find("field '" + bad.field + "'"), std::string::npos) << result.output;
+    EXPECT_NE(result.output.find(bad.value), std::string::npos) << result.output;
+    EXPECT_FALSE(fixture.output_left());
+  }
+}
+
+TEST(PrepBadInput, ByDefaultABadRecordIsSkippedAndCounted) {
+  for (const BadCase& bad : bad_cases()) {
+    SCOPED_TRACE(bad.name);
+    Fixture fixture("skip");
+    bad.damage(fixture);
+    const auto result = run_process(fixture.command(), 60);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_NE(result.output.find("skipping " + fixture.train_json + ": record 1"),
+              std::string::npos)
+        << result.output;
+    EXPECT_NE(result.output.find("1 records skipped"), std::string::npos) << result.output;
+    EXPECT_NE(result.output.find("train 5 questions"), std::string::npos) << result.output;
+  }
+}
+
+TEST(PrepBadInput, MalformedJsonFailsAndLeavesNoOutput) {
+  Fixture fixture("json");
+  fixture.command();  // writes the JSON files
+  std::ofstream(fixture.test_json) << "[{\"qid\": 1,";
+  const std::string command = kPrep + " convert --train-json " + fixture.train_json +
+                              " --test-json " + fixture.test_json + " --images " + fixture.images +
+                              " -o " + fixture.output;
+  const auto result = run_process(command, 60);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find(fixture.test_json + ": malformed JSON"), std::string::npos)
+      << result.output;
+  EXPECT_FALSE(fixture.output_left());
+}
+
+TEST(PrepBadInput, EmptySplitFailsAndLeavesNoOutput) {
+  Fixture fixture("empty");
+  fixture.test = json::array({record(101, "missing.png", "Is it?", "yes", "CLOSED")});
+  const auto result = run_process(fixture.command(), 60);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find(fixture.test_json + ": split 'test' has no usable records"),
+            std::string::npos)
+      << result.output;
+  EXPECT_FALSE(fixture.output_left());
+}
+
+// Rewrites one value of a good file, as corruption or a foreign writer would.
+void damage_file(const std::string& path, const std::string& what) {
+  vqa::data::hdf5_silence_errors();
+  vqa::data::Hdf5Id file(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+  ASSERT_TRUE(file.valid());
+  if (what == "version") {
+    ASSERT_GE(H5Adelete(file.get(), "format_version"), 0);
+    vqa::data::hdf5_write_int_attribute(file.get(), "format_version", 99, path);
+  } else {
+    vqa::data::Hdf5Id dataset(H5Dopen2(file.get(), "/train/questions/image_row", H5P_DEFAULT));
+    vqa::data::Hdf5Id space(H5Dget_space(dataset.get()));
+    const hsize_t row = 3, one = 1;
+    const int32_t value = 9999;
+    ASSERT_GE(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, &row, nullptr, &one, nullptr), 0);
+    vqa::data::Hdf5Id memory(H5Screate_simple(1, &one, nullptr));
+    ASSERT_GE(
+        H5Dwrite(dataset.get(), H5T_NATIVE_INT32, memory.get(), space.get(), H5P_DEFAULT, &value),
+        0);
+  }
+}
+
+TEST(BadFile, EveryRankReportsItAndExitsWithinSeconds) {
+  const std::string dir = vqa::testing::make_temp_dir("badfile");
+  ASSERT_EQ(
+      run_process(kPrep + " synth --train-questions 200 --test-questions 50 -o " + dir + "/good.h5",
+                  60)
+          .exit_code,
+      0);
+  // The good file passes: the probe is not failing for another reason.
+  auto result = run_process(vqa::testing::mpirun_prefix(2) + kProbe + " " + dir + "/good.h5", 60);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"version", "attribute 'format_version': is 99, this build reads version 1"},
+      {"image_row", "dataset '/train/questions/image_row' row 3: value 9999 is outside [0, 100)"}};
+  for (const auto& [what, message] : cases) {
+    SCOPED_TRACE(what);
+    const std::string file = dir + "/" + what + ".h5";
+    fs::copy_file(dir + "/good.h5", file);
+    damage_file(file, what);
+    result = run_process(vqa::testing::mpirun_prefix(2) + kProbe + " " + file, 60);
+    EXPECT_FALSE(result.timed_out) << result.output;
+    EXPECT_NE(result.exit_code, 0) << result.output;
+    EXPECT_LT(result.seconds, 20.0) << "mpirun ends within seconds of the abort";
+    EXPECT_NE(result.output.find(file + ": " + message), std::string::npos) << result.output;
+    EXPECT_NE(result.output.find("error on rank"), std::string::npos) << result.output;
+    result = run_process(kPrep + " inspect " + file, 60);
+    EXPECT_EQ(result.exit_code, 1) << result.output;
+    EXPECT_NE(result.output.find(message), std::string::npos) << result.output;
+  }
+}
+
+}  // namespace
