@@ -49,7 +49,10 @@ ModelConfig model_config_preset(const std::string& name) {
     config.vocab_size = kRobertaVocabSize;
     config.max_text_length = 64;
     config.num_answers = 100;
-    config.dropout = 0.1;
+    // No dropout: LibTorch's CPU dropout draws a mask element by element and
+    // measured ~20% of a one-thread step of this preset; its benchmarks time
+    // the step, not regularisation. --dropout turns it back on.
+    config.dropout = 0.0;
   } else if (name == "base") {
     // M3AE: CLIP ViT-B/16 without its last block at 384 px, RoBERTa-base, six
     // co-attention layers per side. 512 positions: RoBERTa's 514 less its two
