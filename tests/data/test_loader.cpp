@@ -175,7 +175,8 @@ TEST(Loader, ResumeSkipsStepsAndPrefetchDepthChangesNothing) {
   const auto full = epoch_samples(eager, 1);
   EXPECT_EQ(full, epoch_samples(deep, 1));
   const auto resumed = epoch_samples(deep, 1, /*skip=*/3);
-  EXPECT_EQ(resumed, std::vector<std::pair<int64_t, int>>(full.begin() + 3 * 8, full.end()));
+  using Samples = std::vector<std::pair<int64_t, int>>;
+  EXPECT_EQ(resumed, Samples(full.begin() + 3 * 8, full.end()));
   EXPECT_GE(deep.wait_seconds(), 0.0);
 }
 
