@@ -237,8 +237,7 @@ std::vector<int32_t> write_images(const std::string& split, std::vector<Record>&
   for (Record& r : records) {
     auto failure = failures.find(r.image_name);
     if (failure != failures.end()) {
-      problems.report(r.file, r.index, std::to_string(r.qid),
-                      r.file.empty() ? "image_name" : "image_name", failure->second);
+      problems.report(r.file, r.index, std::to_string(r.qid), "image_name", failure->second);
       continue;
     }
     image_rows.push_back(rows.at(r.image_name));
