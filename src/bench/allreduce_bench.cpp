@@ -81,11 +81,19 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Mean seconds per allreduce over `iters`, slowest rank's view.
-double time_ours(Communicator& comm, const torch::Tensor& buffer, ReduceOp op, int iters) {
+// Mean seconds per allreduce over `iters`: the blocking call, or launch + wait
+// of the asynchronous one (which hands the work to the progress thread).
+double time_ours(Communicator& comm, const torch::Tensor& buffer, ReduceOp op, int iters,
+                 bool async) {
   comm.barrier();
   const auto start = Clock::now();
-  for (int i = 0; i < iters; ++i) comm.allreduce_async(buffer, op)->wait();
+  for (int i = 0; i < iters; ++i) {
+    if (async) {
+      comm.allreduce_async(buffer, op)->wait();
+    } else {
+      comm.allreduce(buffer, op);
+    }
+  }
   comm.barrier();
   return seconds_since(start) / iters;
 }
@@ -185,11 +193,13 @@ int main(int argc, char** argv) {
                 "timed iterations per size (median round)\n",
                 n, vqa::runtime::backend_name(comm->backend()), device.str().c_str(),
                 config.warmup_iters, config.rounds, config.iters);
-    std::printf("# busbw = algbw * 2(n-1)/n; raw = MPI_Allreduce on the same buffer; ratio = ours / raw\n");
-    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %7s\n", "size(B)", "count", "type",
-                "redop", "time(us)", "algbw", "busbw", "#wrong", "raw(us)", "ratio");
-    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %7s\n", "", "(elements)", "", "", "",
-                "(GB/s)", "(GB/s)", "", "", "");
+    std::printf("# time = blocking allreduce; async = allreduce_async + wait (progress thread);\n"
+                "# busbw = algbw * 2(n-1)/n; raw = MPI_Allreduce on the same buffer; "
+                "ratio = time / raw\n");
+    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s\n", "size(B)", "count", "type",
+                "redop", "time(us)", "algbw", "busbw", "#wrong", "async(us)", "raw(us)", "ratio");
+    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s\n", "", "(elements)", "", "",
+                "", "(GB/s)", "(GB/s)", "", "", "", "");
   }
 
   int64_t total_wrong = 0;
@@ -212,10 +222,12 @@ int main(int argc, char** argv) {
     // they stay finite, and time ours and raw MPI in alternating rounds.
     buffer.fill_(1.0 / 1024);
     for (int i = 0; i < config.warmup_iters; ++i) comm->allreduce(buffer, op);
-    std::vector<double> ours, baseline;
+    std::vector<double> ours, ours_async, baseline;
     for (int round = 0; round < config.rounds; ++round) {
       buffer.fill_(1.0 / 1024);
-      ours.push_back(comm->sum_scalar(time_ours(*comm, buffer, op, config.iters)) / n);
+      ours.push_back(comm->sum_scalar(time_ours(*comm, buffer, op, config.iters, false)) / n);
+      buffer.fill_(1.0 / 1024);
+      ours_async.push_back(comm->sum_scalar(time_ours(*comm, buffer, op, config.iters, true)) / n);
       if (raw) {
         buffer.fill_(1.0 / 1024);
         baseline.push_back(comm->sum_scalar(time_raw_mpi(*comm, buffer, config.iters)) / n);
@@ -226,9 +238,10 @@ int main(int argc, char** argv) {
     const double algbw = actual_bytes / seconds / 1e9;
     const double busbw = algbw * 2.0 * (n - 1) / n;
     if (info.rank == 0) {
-      std::printf("%12lld %12lld %6s %5s %11.2f %9.3f %9.3f %7lld", (long long)(count * element_size),
-                  (long long)count, config.dtype.c_str(), config.op.c_str(), seconds * 1e6, algbw,
-                  busbw, (long long)wrong);
+      std::printf("%12lld %12lld %6s %5s %11.2f %9.3f %9.3f %7lld %11.2f",
+                  (long long)(count * element_size), (long long)count, config.dtype.c_str(),
+                  config.op.c_str(), seconds * 1e6, algbw, busbw, (long long)wrong,
+                  median(ours_async) * 1e6);
       if (raw) {
         const double raw_seconds = median(baseline);
         std::printf(" %11.2f %7.3f\n", raw_seconds * 1e6, seconds / raw_seconds);

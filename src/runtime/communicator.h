@@ -50,7 +50,11 @@ class Communicator {
   // wait() returns. Every rank must launch the same collectives in the same
   // order. Main thread only.
   virtual WorkHandle allreduce_async(const torch::Tensor& buffer, ReduceOp op) = 0;
-  void allreduce(const torch::Tensor& buffer, ReduceOp op) { allreduce_async(buffer, op)->wait(); }
+  // Blocking form: returns when the result is ready. Ordered after every
+  // collective launched before it.
+  virtual void allreduce(const torch::Tensor& buffer, ReduceOp op) {
+    allreduce_async(buffer, op)->wait();
+  }
 
   // Root's values replace every other rank's, in place; blocks until done.
   virtual void broadcast(const torch::Tensor& buffer, int root) = 0;

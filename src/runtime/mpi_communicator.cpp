@@ -88,6 +88,15 @@ class MpiCommunicator final : public Communicator {
     return work;
   }
 
+  // Runs on the calling thread once earlier work is done: a blocking call
+  // gains nothing from the hand-off to the progress thread.
+  void allreduce(const torch::Tensor& buffer, ReduceOp op) override {
+    check_buffer(buffer, "allreduce");
+    drain();
+    PendingAllreduce pending{buffer, op, nullptr};
+    run_allreduce(pending);
+  }
+
   void broadcast(const torch::Tensor& buffer, int root) override {
     check_buffer(buffer, "broadcast");
     drain();

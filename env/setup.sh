@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs every system package vqa-hpc needs on Debian 12 / Ubuntu 22.04+.
+# Idempotent: when everything is present it only checks (a second or two).
+# Needs root (or sudo). CUDA and NCCL are not installed here: on GPU machines
+# they come from the site (modules, /usr/local/cuda); see README.md.
+set -euo pipefail
+
+packages=(
+  cmake ninja-build g++ pkg-config      # build
+  libtorch-dev                          # LibTorch (CPU build) for the model and training loop
+  libopenblas0-openmp                   # fast BLAS for LibTorch on CPU (reference BLAS is ~16x slower)
+  libopenmpi-dev openmpi-bin            # MPI: ranks, NCCL id exchange, CPU allreduce, mpirun
+  libhdf5-openmpi-dev hdf5-tools        # parallel HDF5 (MPI-IO) for the dataset; h5ls/h5dump
+  libboost-program-options-dev          # command line + INI configuration
+  libopencv-core-dev libopencv-imgcodecs-dev libopencv-imgproc-dev  # image decode/resize in vqa_prep
+  nlohmann-json3-dev                    # VQA-RAD / SLAKE JSON in vqa_prep
+  libgtest-dev                          # tests
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$package")
+done
+
+if ((${#missing[@]})); then
+  echo "env/setup.sh: installing ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq \
+    "${missing[@]}" >/dev/null
+fi
+
+# Debian picks OpenBLAS over the reference BLAS by priority; say which is active.
+blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo unknown)
+case "$blas" in
+  *openblas*) ;;
+  *) echo "env/setup.sh: warning: libblas.so.3 is $blas, not OpenBLAS;" \
+          "run: update-alternatives --config libblas.so.3-x86_64-linux-gnu" >&2 ;;
+esac
+echo "env/setup.sh: all ${#packages[@]} packages present"

@@ -1,0 +1,179 @@
+#include "train/config.h"
+
+#include <boost/program_options.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "runtime/check.h"  // fatal_user_error
+
+namespace po = boost::program_options;
+
+namespace vqa::train {
+
+namespace {
+
+std::string to_text(const std::string& value) { return value; }
+std::string to_text(bool value) { return value ? "true" : "false"; }
+std::string to_text(double value) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.10g", value);
+  return text;
+}
+template <typename Integer>
+std::string to_text(Integer value) {
+  return std::to_string(value);
+}
+
+// The option table, bound to one TrainConfig's fields. Each option is
+// declared here once; help, INI parsing, defaults and the saved config all
+// come from it.
+class OptionTable {
+ public:
+  explicit OptionTable(TrainConfig& c) : options_("vqa_train options") {
+    add("config", &c.config_file, "INI file with any of these options (key = value); the command line wins");
+    add("train-data", &c.train_data, "HDF5 dataset made by vqa_prep (train split)");
+    add("test-data", &c.test_data, "HDF5 dataset for evaluation (test split); default: --train-data");
+    add("prefetch-depth", &c.prefetch_depth, "batches the loader thread prepares ahead");
+    add("drop-last", &c.drop_last, "drop the tail that does not fill every rank instead of wrapping around");
+    add("preset", &c.preset, "model size: tiny | small | base");
+    add("hidden", &c.hidden, "hidden size (0: preset)");
+    add("heads", &c.heads, "attention heads (0: preset)");
+    add("ffn", &c.ffn, "feed-forward size (0: preset)");
+    add("vision-layers", &c.vision_layers, "ViT layers (0: preset)");
+    add("text-layers", &c.text_layers, "text encoder layers (0: preset)");
+    add("fusion-layers", &c.fusion_layers, "co-attention layers per side (0: preset)");
+    add("patch-size", &c.patch_size, "ViT patch size in pixels (0: preset)");
+    add("dropout", &c.dropout, "dropout probability (< 0: preset)");
+    add("epochs", &c.epochs, "training epochs");
+    add("global-batch", &c.global_batch, "samples per optimiser step over all ranks");
+    add("batch-per-rank", &c.batch_per_rank, "samples per forward/backward on one rank");
+    add("lr", &c.lr, "peak learning rate of the encoders (AdamW)");
+    add("lr-fusion-multiplier", &c.lr_fusion_multiplier, "fusion layers' lr = lr x this");
+    add("lr-head-multiplier", &c.lr_head_multiplier, "VQA head's lr = lr x this");
+    add("weight-decay", &c.weight_decay, "AdamW weight decay (none on biases and norm weights)");
+    add("warmup-ratio", &c.warmup_ratio, "share of optimiser steps with linear warm-up, then linear decay to 0");
+    add("grad-clip", &c.grad_clip, "clip the global gradient norm to this (0: off)");
+    add("seed", &c.seed, "seed for initialisation, shuffling and dropout");
+    add("device", &c.device, "auto | cpu | cuda (GPU = local rank)");
+    add("backend", &c.backend, "gradient communicator: auto (from --device) | mpi | nccl");
+    add("threads", &c.threads, "CPU threads per rank (0: host cores / ranks on the host)");
+    add("bucket-mb", &c.bucket_mb, "gradient bucket size in MiB for the overlapped allreduce");
+    add("bf16-allreduce", &c.bf16_allreduce, "send gradients as bfloat16 (half the bytes)");
+    add("bf16-autocast", &c.bf16_autocast, "bfloat16 autocast for the forward pass (GPU only)");
+    add("no-comm", &c.no_comm, "benchmark only: skip the gradient allreduce (ranks diverge)");
+    add("eval-every", &c.eval_every, "evaluate every N epochs (0: never)");
+    add("save-every", &c.save_every, "write a checkpoint every N epochs (0: never)");
+    add("max-steps-per-epoch", &c.max_steps_per_epoch, "stop each epoch after N optimiser steps (0: all)");
+    add("log-every-steps", &c.log_every_steps, "print a progress line every N optimiser steps (0: per epoch)");
+    add("progress", &c.progress, "progress bar on rank 0: auto (stdout is a terminal and not under mpirun, whose ranks always get a pseudo-terminal) | on | off");
+    add("out", &c.out, "run directory: log, metrics, config, checkpoints");
+    add("resume", &c.resume, "'' (start fresh), 'auto' (latest checkpoint in --out if any) or a checkpoint file");
+    options_.add_options()("help,h", "print this help and exit");
+  }
+
+  const po::options_description& options() const { return options_; }
+
+  std::map<std::string, std::string> values() const {
+    std::map<std::string, std::string> result;
+    for (const auto& [name, print] : printers_) result[name] = print();
+    return result;
+  }
+
+ private:
+  template <typename T>
+  void add(const char* name, T* field, const char* help) {
+    auto* semantic = po::value(field)->default_value(*field, to_text(*field));
+    if constexpr (std::is_same_v<T, bool>) semantic->implicit_value(true, "true");
+    options_.add_options()(name, semantic, help);
+    if (std::string(name) != "config") printers_.emplace_back(name, [field] { return to_text(*field); });
+  }
+
+  po::options_description options_;
+  std::vector<std::pair<std::string, std::function<std::string()>>> printers_;
+};
+
+}  // namespace
+
+bool config_parse(int argc, char** argv, int rank, TrainConfig& config) {
+  OptionTable table(config);
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, table.options()), vm);
+    const std::string path = vm.count("config") ? vm["config"].as<std::string>() : "";
+    if (!path.empty()) {
+      std::ifstream file(path);
+      if (!file) runtime::fatal_user_error("--config: cannot open '" + path + "'");
+      po::store(po::parse_config_file(file, table.options()), vm);
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    runtime::fatal_user_error(std::string("vqa_train: ") + e.what() + " (see --help)");
+  }
+  if (vm.count("help")) {
+    if (rank == 0) std::cout << table.options() << std::endl;
+    return false;
+  }
+  return true;
+}
+
+void config_finalize(TrainConfig& c, int world_size) {
+  using runtime::fatal_user_error;
+  c.world_size = world_size;
+  if (c.train_data.empty()) fatal_user_error("--train-data is required (make one with vqa_prep synth)");
+  if (c.test_data.empty()) c.test_data = c.train_data;
+  if (c.epochs < 1) fatal_user_error("--epochs must be >= 1, got " + std::to_string(c.epochs));
+  if (c.batch_per_rank < 1) {
+    fatal_user_error("--batch-per-rank must be >= 1, got " + std::to_string(c.batch_per_rank));
+  }
+  const int64_t per_micro_step = c.batch_per_rank * world_size;
+  if (c.global_batch < 1 || c.global_batch % per_micro_step != 0) {
+    fatal_user_error("--global-batch " + std::to_string(c.global_batch) +
+                     " is not a multiple of --batch-per-rank x ranks = " +
+                     std::to_string(c.batch_per_rank) + " x " + std::to_string(world_size) + " = " +
+                     std::to_string(per_micro_step) + "; choose a global batch that divides");
+  }
+  c.accumulation_steps = c.global_batch / per_micro_step;
+  if (c.lr <= 0) fatal_user_error("--lr must be > 0, got " + to_text(c.lr));
+  if (c.warmup_ratio < 0 || c.warmup_ratio > 1) {
+    fatal_user_error("--warmup-ratio must be in [0, 1], got " + to_text(c.warmup_ratio));
+  }
+  if (c.bucket_mb <= 0) fatal_user_error("--bucket-mb must be > 0, got " + to_text(c.bucket_mb));
+  if (c.prefetch_depth < 1) {
+    fatal_user_error("--prefetch-depth must be >= 1, got " + std::to_string(c.prefetch_depth));
+  }
+  if (c.progress != "auto" && c.progress != "on" && c.progress != "off") {
+    fatal_user_error("--progress must be auto, on or off, got '" + c.progress + "'");
+  }
+  for (const char* device : {"auto", "cpu", "cuda"}) {
+    if (c.device == device) return;
+  }
+  fatal_user_error("--device must be auto, cpu or cuda, got '" + c.device + "'");
+}
+
+std::string config_to_ini(const TrainConfig& config) {
+  TrainConfig copy = config;
+  OptionTable table(copy);
+  std::ostringstream text;
+  text << "# vqa_train resolved configuration (read it back with --config)\n";
+  text << "# ranks = " << config.world_size
+       << ", gradient accumulation steps = " << config.accumulation_steps << "\n";
+  for (const auto& [name, value] : table.values()) text << name << " = " << value << "\n";
+  return text.str();
+}
+
+uint64_t stable_hash(const std::string& text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char byte : text) {
+    hash ^= byte;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+}  // namespace vqa::train

@@ -1,0 +1,71 @@
+// The training job's configuration: declared once as a Boost.ProgramOptions
+// table that gives --help, the INI config file (--config) and the defaults.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace vqa::train {
+
+struct TrainConfig {
+  // data
+  std::string train_data;  // HDF5 file made by vqa_prep
+  std::string test_data;   // defaults to train_data (the file holds both splits)
+  int prefetch_depth = 4;
+  bool drop_last = false;
+  // model
+  std::string preset = "tiny";
+  int64_t hidden = 0, heads = 0, ffn = 0, vision_layers = 0, text_layers = 0, fusion_layers = 0,
+          patch_size = 0;  // 0: the preset's value
+  double dropout = -1.0;   // < 0: the preset's value
+  // optimisation
+  int epochs = 10;
+  int64_t global_batch = 64;
+  int64_t batch_per_rank = 32;
+  double lr = 5e-5;
+  double lr_fusion_multiplier = 5.0;
+  double lr_head_multiplier = 50.0;
+  double weight_decay = 0.01;
+  double warmup_ratio = 0.1;
+  double grad_clip = 0.0;  // max global gradient norm; 0: off
+  uint64_t seed = 42;
+  // distributed
+  std::string device = "auto";   // auto | cpu | cuda
+  std::string backend = "auto";  // auto | mpi | nccl
+  int threads = 0;               // CPU threads per rank; 0: host cores / ranks on the host
+  double bucket_mb = 25.0;
+  bool bf16_allreduce = false;
+  bool bf16_autocast = false;  // GPU only
+  bool no_comm = false;        // benchmark only: skip the gradient allreduce
+  // loop, evaluation, output
+  int eval_every = 1;
+  int save_every = 1;
+  int64_t max_steps_per_epoch = 0;  // 0: whole epoch (benchmarks cap it)
+  int64_t log_every_steps = 0;      // 0: only per-epoch lines
+  std::string progress = "auto";    // auto | on | off: the in-place progress bar on rank 0
+  std::string out = "runs/quickstart";
+  std::string resume;  // "" none, "auto" latest in --out, or a checkpoint file
+  std::string config_file;
+
+  // Derived, filled by config_finalize.
+  int world_size = 1;
+  int64_t accumulation_steps = 1;
+};
+
+// Parses the command line and, with --config FILE, an INI file (command line
+// wins). Returns false after printing --help (rank 0 prints). On any error it
+// ends the job with a message naming the option and value.
+bool config_parse(int argc, char** argv, int rank, TrainConfig& config);
+
+// Checks values and derives accumulation_steps = global / (per-rank x ranks);
+// ends the job with a clear message when the global batch does not divide.
+void config_finalize(TrainConfig& config, int world_size);
+
+// The resolved configuration as INI text ("key = value" lines, sorted), which
+// --config reads back. Derived values appear as comments.
+std::string config_to_ini(const TrainConfig& config);
+
+// FNV-1a 64-bit hash of a string, stable across builds and hosts.
+uint64_t stable_hash(const std::string& text);
+
+}  // namespace vqa::train

@@ -1,0 +1,101 @@
+// Data-parallel gradient averaging that overlaps communication with backward.
+//
+// Parameters are grouped into buckets of about --bucket-mb in reverse
+// registration order (the order backward produces their gradients). An
+// autograd hook on each parameter copies its gradient into its bucket's flat
+// buffer; the moment a bucket's last gradient arrives its average-allreduce
+// is launched, while backward goes on. Buckets are launched in bucket order on
+// every rank, so all ranks issue the same collectives in the same sequence.
+// finish_backward() waits only for what is still in flight and writes the
+// averaged gradients back to param.grad().
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime/communicator.h"  // Communicator, WorkHandle
+
+namespace vqa::train {
+
+struct NamedTensor {
+  std::string name;
+  torch::Tensor tensor;
+};
+
+struct GradientSyncOptions {
+  double bucket_mb = 25.0;
+  bool bf16 = false;    // send gradients as bfloat16
+  bool enabled = true;  // false: no communication at all (benchmarks of exposed comm)
+};
+
+struct GradientSyncStats {
+  int64_t buckets = 0;
+  int64_t bytes_per_step = 0;          // bytes each rank allreduces per optimiser step
+  double exposed_wait_seconds = 0.0;   // cumulative host time finish_backward waited
+  int64_t synchronised_steps = 0;
+};
+
+class GradientSynchronizer {
+ public:
+  // `parameters` in registration order; all must require grad and live on
+  // the communicator's device. Registers one hook per parameter.
+  GradientSynchronizer(std::vector<NamedTensor> parameters, runtime::Communicator& comm,
+                       const GradientSyncOptions& options);
+  GradientSynchronizer(const GradientSynchronizer&) = delete;
+  GradientSynchronizer& operator=(const GradientSynchronizer&) = delete;
+
+  // Call before each backward. sync = true on the last micro-step of an
+  // optimiser step (its gradients are averaged); false on accumulation
+  // micro-steps (no communication: gradients accumulate locally in .grad).
+  void prepare_backward(bool sync);
+
+  // After the backward of a sync micro-step: launches buckets whose
+  // parameters got no gradient (zeros; their names are reported once), waits
+  // for every bucket, and replaces each param.grad() with the average over
+  // ranks of the accumulated gradients. A no-op after a non-sync backward.
+  void finish_backward();
+
+  // Names of parameters that received no gradient on the first sync step.
+  const std::vector<std::string>& unused_parameters() const { return unused_names_; }
+  const GradientSyncStats& stats() const { return stats_; }
+  // Bucket sizes in bytes, in launch order.
+  std::vector<int64_t> bucket_bytes() const;
+
+ private:
+  struct Slot {
+    int64_t bucket;
+    int64_t offset;    // elements into the bucket's flat buffer
+    int64_t position;  // index within the bucket's parameter list
+  };
+  struct Bucket {
+    std::vector<int64_t> parameters;  // indices into parameters_
+    torch::Tensor flat;               // float32, same device as the parameters
+    torch::Tensor wire;               // bfloat16 copy sent when options_.bf16
+    int64_t pending = 0;
+    std::vector<bool> arrived;
+    runtime::WorkHandle work;
+  };
+
+  void on_gradient(int64_t index, const torch::Tensor& grad);
+  void launch_ready_buckets();
+  torch::Tensor slot_view(int64_t index);
+
+  std::vector<NamedTensor> parameters_;
+  std::vector<Slot> slots_;
+  std::vector<Bucket> buckets_;
+  runtime::Communicator& comm_;
+  GradientSyncOptions options_;
+  bool syncing_ = false;
+  int64_t next_to_launch_ = 0;
+  bool reported_unused_ = false;
+  std::vector<std::string> unused_names_;
+  GradientSyncStats stats_;
+};
+
+// Copies rank 0's parameters and buffers to every rank (call once at start,
+// and after loading a checkpoint on rank 0 only).
+void broadcast_module_state(torch::nn::Module& module, runtime::Communicator& comm);
+
+}  // namespace vqa::train

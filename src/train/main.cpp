@@ -1,0 +1,181 @@
+// vqa_train: data-parallel fine-tuning of an M3AE-style VQA model.
+//
+//   mpirun -np 2 build/vqa_train --config jobs/configs/quickstart.ini
+//
+// One rank per GPU (or per group of CPU cores). Every rank reads its own
+// shard of the HDF5 dataset, gradients are averaged in buckets while backward
+// runs, and every rank evaluates its shard of the test split.
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "data/loader.h"           // ShardedLoader
+#include "model/m3ae.h"            // M3AE, parameter_count
+#include "runtime/check.h"         // fatal_user_error
+#include "runtime/communicator.h"  // communicator_create
+#include "runtime/distributed.h"   // distributed_init, distributed_finalize
+#include "runtime/system_info.h"   // warn_if_reference_blas, blas_description
+#include "train/checkpoint.h"      // checkpoint_save, checkpoint_load
+#include "train/config.h"          // TrainConfig, config_parse
+#include "train/gradient_sync.h"   // GradientSynchronizer, broadcast_module_state
+#include "train/optimizer.h"       // VqaOptimizer
+#include "train/run_log.h"         // RunLog
+#include "train/setup.h"           // setup_device, setup_model_config, require_same_on_all_ranks
+#include "train/trainer.h"         // train_epoch, evaluate
+
+using namespace vqa;
+
+namespace {
+
+data::ShardedLoader open_loader(const std::string& path, const std::string& split,
+                                const train::TrainConfig& config, const runtime::RankInfo& rank,
+                                bool shuffle) {
+  data::LoaderOptions options;
+  options.batch_per_rank = config.batch_per_rank;
+  options.seed = config.seed;
+  options.shuffle = shuffle;
+  options.drop_last = shuffle && config.drop_last;
+  options.prefetch_depth = config.prefetch_depth;
+  options.rank = rank.rank;
+  options.world_size = rank.world_size;
+  try {
+    return data::ShardedLoader(path, split, options);
+  } catch (const std::exception& e) {
+    runtime::fatal_user_error(e.what());
+  }
+}
+
+std::vector<train::NamedTensor> trainable_parameters(model::M3AE& model) {
+  std::vector<train::NamedTensor> parameters;
+  for (const auto& item : model->named_parameters()) {
+    if (item.value().requires_grad()) parameters.push_back({item.key(), item.value()});
+  }
+  return parameters;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const runtime::RankInfo& rank = runtime::distributed_init(&argc, &argv);
+  train::TrainConfig config;
+  if (!train::config_parse(argc, argv, rank.rank, config)) {
+    runtime::distributed_finalize();
+    return 0;
+  }
+  train::config_finalize(config, rank.world_size);
+  const std::string config_ini = train::config_to_ini(config);
+  train::require_same_on_all_ranks("configuration", config_ini);
+  const torch::Device device = train::setup_device(config, rank);
+  train::RunLog log(config.out, rank.rank == 0);
+  if (rank.rank == 0) runtime::warn_if_reference_blas();
+
+  // ---- data -------------------------------------------------------------
+  auto train_loader = open_loader(config.train_data, "train", config, rank, /*shuffle=*/true);
+  auto test_loader = open_loader(config.test_data, "test", config, rank, /*shuffle=*/false);
+  train::require_same_on_all_ranks(
+      "dataset", train_loader.info().identity + "|" + test_loader.info().identity);
+  const int64_t steps_per_epoch = train::optimizer_steps_per_epoch(train_loader, config);
+  if (steps_per_epoch < 1) {
+    runtime::fatal_user_error("the train split of " + config.train_data + " has " +
+                              std::to_string(train_loader.info().num_questions) +
+                              " questions, fewer than one --global-batch of " +
+                              std::to_string(config.global_batch));
+  }
+
+  // ---- model, communicator, optimiser -------------------------------------
+  const model::ModelConfig model_config = train::setup_model_config(config, train_loader.info());
+  torch::manual_seed(config.seed);
+  model::M3AE model(model_config);
+  model->to(device);
+  auto comm = runtime::communicator_create(runtime::backend_from_string(config.backend), device);
+  train::broadcast_module_state(*model, *comm);
+  train::OptimizerSettings optimizer_settings{config.lr, config.lr_fusion_multiplier,
+                                              config.lr_head_multiplier, config.weight_decay,
+                                              config.warmup_ratio, steps_per_epoch * config.epochs};
+  train::VqaOptimizer optimizer(model, optimizer_settings);
+  train::GradientSynchronizer gradients(
+      trainable_parameters(model), *comm,
+      train::GradientSyncOptions{config.bucket_mb, config.bf16_allreduce, !config.no_comm});
+
+  train::TrainState state;
+  std::string resume_from = config.resume == "auto" ? train::checkpoint_latest(config.out) : config.resume;
+  if (!resume_from.empty()) {
+    try {
+      train::checkpoint_load(resume_from, model, optimizer, state);
+    } catch (const std::exception& e) {
+      runtime::fatal_user_error(std::string("--resume: ") + e.what());
+    }
+  }
+
+  // ---- report the resolved run ---------------------------------------------
+  if (rank.rank == 0) {
+    std::filesystem::create_directories(config.out);
+    train::write_file_atomically((std::filesystem::path(config.out) / "config.ini").string(), config_ini);
+    std::printf("%s", config_ini.c_str());
+  }
+  const auto& dataset = train_loader.info();
+  log.info("vqa_train: " + std::to_string(rank.world_size) + " rank(s), device " + device.str() +
+           ", " + std::to_string(torch::get_num_threads()) + " thread(s)/rank, communicator " +
+           runtime::backend_name(comm->backend()) + ", BLAS: " + runtime::blas_description());
+  log.info("model: " + model::model_config_describe(model_config) + ", " +
+           std::to_string(model::parameter_count(*model)) + " parameters");
+  log.info("data: " + std::to_string(dataset.num_questions) + " train / " +
+           std::to_string(test_loader.info().num_questions) + " test questions, K=" +
+           std::to_string(dataset.num_answers) + " answers; global batch " +
+           std::to_string(config.global_batch) + " = " + std::to_string(config.batch_per_rank) +
+           " per rank x " + std::to_string(rank.world_size) + " ranks x " +
+           std::to_string(config.accumulation_steps) + " accumulation step(s); " +
+           std::to_string(steps_per_epoch) + " optimiser steps per epoch");
+  log.info("gradients: " + std::to_string(gradients.stats().buckets) + " bucket(s), " +
+           std::to_string(gradients.stats().bytes_per_step) + " bytes per step" +
+           (config.no_comm ? " (communication OFF)" : ""));
+  if (!resume_from.empty()) {
+    log.info("resumed from " + resume_from + " at epoch " + std::to_string(state.next_epoch) +
+             ", step " + std::to_string(state.global_step));
+  }
+
+  // ---- training ------------------------------------------------------------
+  if (state.next_epoch < config.epochs) log.epoch_header();
+  bool reported_unused = false;
+  while (state.next_epoch < config.epochs) {
+    const train::EpochStats epoch_stats =
+        train::train_epoch(model, train_loader, optimizer, gradients, *comm, config, device, state);
+    const int64_t epoch = state.next_epoch - 1;
+    if (!reported_unused) {  // the synchroniser found them on the first step; say it once
+      for (const auto& name : gradients.unused_parameters()) {
+        log.info("warning: parameter " + name + " received no gradient on the first step");
+      }
+      reported_unused = true;
+    }
+    const bool evaluate_now = config.eval_every > 0 &&
+                              ((epoch + 1) % config.eval_every == 0 || epoch + 1 == config.epochs);
+    train::EvalStats eval_stats;
+    bool best = false;
+    if (evaluate_now) {
+      eval_stats = train::evaluate(model, test_loader, *comm, device, epoch, config.bf16_autocast);
+      if (eval_stats.accuracy.overall > state.best_overall) {
+        state.best_overall = eval_stats.accuracy.overall;
+        state.best_epoch = epoch;
+        best = true;
+      }
+    }
+    log.epoch(epoch, epoch_stats, evaluate_now ? &eval_stats : nullptr, best);
+    if (rank.rank == 0) {
+      if (best) train::checkpoint_save_best(config.out, model, state);
+      if (config.save_every > 0 && ((epoch + 1) % config.save_every == 0 || epoch + 1 == config.epochs)) {
+        train::checkpoint_save(config.out, model, optimizer, state, config_ini);
+      }
+    }
+    comm->barrier();  // nobody starts the next epoch before rank 0's checkpoint is on disk
+  }
+  if (state.best_epoch >= 0) {
+    char line[128];
+    std::snprintf(line, sizeof(line), "best overall accuracy %.2f%% at epoch %lld",
+                  100 * state.best_overall, static_cast<long long>(state.best_epoch));
+    log.info(line);
+  }
+  comm.reset();
+  runtime::distributed_finalize();
+  return 0;
+}

@@ -1,0 +1,70 @@
+#include "train/run_log.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+
+namespace vqa::train {
+
+RunLog::RunLog(const std::string& out_dir, bool writer) : writer_(writer) {
+  if (!writer_) return;
+  std::filesystem::create_directories(out_dir);
+  text_.open(std::filesystem::path(out_dir) / "train.log", std::ios::app);
+  json_.open(std::filesystem::path(out_dir) / "metrics.jsonl", std::ios::app);
+}
+
+void RunLog::info(const std::string& line) {
+  if (!writer_) return;
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+  text_ << line << "\n";
+  text_.flush();
+}
+
+void RunLog::epoch_header() {
+  char line[256];
+  std::snprintf(line, sizeof(line), "%5s %8s %8s %8s %9s %10s %8s %10s", "epoch", "overall", "open",
+                "closed", "loss", "lr", "time(s)", "samples/s");
+  info(line);
+}
+
+void RunLog::epoch(int64_t epoch, const EpochStats& train, const EvalStats* eval, bool best) {
+  if (!writer_) return;
+  const double throughput = train.seconds > 0 ? train.samples / train.seconds : 0.0;
+  char line[256];
+  if (eval) {
+    std::snprintf(line, sizeof(line), "%5lld %7.2f%% %7.2f%% %7.2f%% %9.4f %10.3e %8.1f %10.1f%s",
+                  (long long)epoch, 100 * eval->accuracy.overall, 100 * eval->accuracy.open,
+                  100 * eval->accuracy.closed, train.mean_loss, train.learning_rate, train.seconds,
+                  throughput, best ? "  *best" : "");
+  } else {
+    std::snprintf(line, sizeof(line), "%5lld %8s %8s %8s %9.4f %10.3e %8.1f %10.1f",
+                  (long long)epoch, "-", "-", "-", train.mean_loss, train.learning_rate,
+                  train.seconds, throughput);
+  }
+  info(line);
+
+  nlohmann::json record = {{"epoch", epoch},
+                           {"train_loss", train.mean_loss},
+                           {"lr", train.learning_rate},
+                           {"epoch_seconds", train.seconds},
+                           {"samples", train.samples},
+                           {"samples_per_second", throughput},
+                           {"optimizer_steps", train.optimizer_steps},
+                           {"data_wait_seconds_rank0", train.data_wait_seconds},
+                           {"comm_wait_seconds_rank0", train.comm_wait_seconds}};
+  if (eval) {
+    record["overall"] = eval->accuracy.overall;
+    record["open"] = eval->accuracy.open;
+    record["closed"] = eval->accuracy.closed;
+    record["test_loss"] = eval->mean_loss;
+    record["test_questions"] = eval->accuracy.total;
+    record["eval_seconds"] = eval->seconds;
+    record["best"] = best;
+  }
+  json_ << record.dump() << "\n";
+  json_.flush();
+}
+
+}  // namespace vqa::train

@@ -1,0 +1,59 @@
+// One epoch of data-parallel training and one distributed evaluation, as free
+// functions over the model, the loaders, the optimiser and the communicator.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "data/loader.h"           // ShardedLoader, Batch
+#include "model/m3ae.h"            // M3AE
+#include "runtime/communicator.h"  // Communicator
+#include "train/config.h"          // TrainConfig
+#include "train/gradient_sync.h"   // GradientSynchronizer
+#include "train/metrics.h"         // Accuracy
+#include "train/optimizer.h"       // VqaOptimizer
+
+namespace vqa::train {
+
+// Where the run is; saved in checkpoints.
+struct TrainState {
+  int64_t next_epoch = 0;   // first epoch still to run
+  int64_t global_step = 0;  // optimiser steps taken
+  double best_overall = -1.0;
+  int64_t best_epoch = -1;
+};
+
+struct EpochStats {
+  double mean_loss = 0.0;  // over every sample of every rank
+  double seconds = 0.0;
+  int64_t optimizer_steps = 0;
+  int64_t samples = 0;  // over all ranks, padding included
+  double data_wait_seconds = 0.0;  // this rank
+  double comm_wait_seconds = 0.0;  // this rank: finish_backward's wait
+  double learning_rate = 0.0;      // encoders' lr at the last step
+};
+
+struct EvalStats {
+  Accuracy accuracy;
+  double mean_loss = 0.0;
+  double seconds = 0.0;
+};
+
+// Optimiser steps one epoch takes with this loader and configuration.
+int64_t optimizer_steps_per_epoch(const data::ShardedLoader& loader, const TrainConfig& config);
+
+// Moves a batch's model inputs to `device` (non-blocking from pinned memory on GPU).
+data::Batch batch_to_device(const data::Batch& batch, const torch::Device& device);
+
+// BCE with logits on the soft targets, times K (M3AE's loss): the mean over
+// the batch of the sum over answer labels.
+torch::Tensor vqa_loss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+EpochStats train_epoch(model::M3AE& model, data::ShardedLoader& loader, VqaOptimizer& optimizer,
+                       GradientSynchronizer& gradients, runtime::Communicator& comm,
+                       const TrainConfig& config, const torch::Device& device, TrainState& state);
+
+// Every rank evaluates its shard of the test split; counts are summed.
+EvalStats evaluate(model::M3AE& model, data::ShardedLoader& loader, runtime::Communicator& comm,
+                   const torch::Device& device, int64_t epoch, bool bf16_autocast);
+
+}  // namespace vqa::train
