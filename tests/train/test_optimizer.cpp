@@ -1,0 +1,54 @@
+// The learning-rate schedule and the optimiser's parameter groups.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "model/m3ae.h"       // M3AE, model_config_preset
+#include "train/optimizer.h"  // VqaOptimizer, linear_schedule_factor
+
+namespace {
+
+TEST(Schedule, LinearWarmupThenLinearDecayToZero) {
+  // 100 steps, 10 of warm-up: 0 at step 0, 0.5 at 5, 1 at 10, 0.5 at 55, 0 at 100.
+  EXPECT_DOUBLE_EQ(vqa::train::linear_schedule_factor(0, 10, 100), 0.0);
+  EXPECT_DOUBLE_EQ(vqa::train::linear_schedule_factor(5, 10, 100), 0.5);
+  EXPECT_DOUBLE_EQ(vqa::train::linear_schedule_factor(10, 10, 100), 1.0);
+  EXPECT_DOUBLE_EQ(vqa::train::linear_schedule_factor(55, 10, 100), 0.5);
+  EXPECT_DOUBLE_EQ(vqa::train::linear_schedule_factor(100, 10, 100), 0.0);
+  EXPECT_DOUBLE_EQ(vqa::train::linear_schedule_factor(150, 10, 100), 0.0);
+  // No warm-up: starts at 1.
+  EXPECT_DOUBLE_EQ(vqa::train::linear_schedule_factor(0, 0, 10), 1.0);
+}
+
+TEST(Optimizer, GroupsGetTheirMultipliersAndDecay) {
+  auto config = vqa::model::model_config_preset("tiny");
+  config.vocab_size = 30;
+  config.num_answers = 5;
+  torch::manual_seed(0);
+  vqa::model::M3AE model(config);
+  vqa::train::OptimizerSettings settings;
+  settings.lr = 1e-3;
+  settings.total_steps = 100;
+  settings.warmup_ratio = 0.1;
+  vqa::train::VqaOptimizer optimizer(model, settings);
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  optimizer.step(/*step=*/10);  // end of warm-up: factor 1
+
+  // Group lr / base lr must be 1, 5 or 50; weight decay 0.01 or 0 (exact: set, not computed).
+  int64_t grouped = 0;
+  for (auto& group : optimizer.adamw().param_groups()) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    const double multiplier = options.lr() / settings.lr;
+    EXPECT_TRUE(std::abs(multiplier - 1) < 1e-12 || std::abs(multiplier - 5) < 1e-12 ||
+                std::abs(multiplier - 50) < 1e-12)
+        << multiplier;
+    EXPECT_TRUE(options.weight_decay() == 0.01 || options.weight_decay() == 0.0);
+    EXPECT_EQ(std::get<0>(options.betas()), 0.9);
+    EXPECT_EQ(std::get<1>(options.betas()), 0.98);
+    grouped += static_cast<int64_t>(group.params().size());
+  }
+  EXPECT_EQ(grouped, static_cast<int64_t>(model->parameters().size()));
+  EXPECT_DOUBLE_EQ(optimizer.learning_rate(10), 1e-3);
+  EXPECT_NEAR(optimizer.learning_rate(55), 0.5e-3, 1e-15);
+}
+
+}  // namespace
