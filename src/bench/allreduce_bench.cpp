@@ -4,8 +4,8 @@
 // round, so the overhead of our layer shows as a ratio.
 //
 //   mpirun -np 2 build/vqa_allreduce_bench -b 4 -e 256M -f 4
-#include <boost/program_options.hpp>
 #include <torch/torch.h>
+#include <boost/program_options.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -44,10 +44,14 @@ int64_t parse_bytes(const std::string& text) {
   size_t used = 0;
   int64_t value = std::stoll(text, &used);
   const std::string suffix = text.substr(used);
-  if (suffix == "K" || suffix == "k") value <<= 10;
-  else if (suffix == "M" || suffix == "m") value <<= 20;
-  else if (suffix == "G" || suffix == "g") value <<= 30;
-  else if (!suffix.empty()) throw std::invalid_argument("bad size '" + text + "'");
+  if (suffix == "K" || suffix == "k")
+    value <<= 10;
+  else if (suffix == "M" || suffix == "m")
+    value <<= 20;
+  else if (suffix == "G" || suffix == "g")
+    value <<= 30;
+  else if (!suffix.empty())
+    throw std::invalid_argument("bad size '" + text + "'");
   return value;
 }
 
@@ -61,7 +65,8 @@ void fill_input(torch::Tensor& buffer, int rank) {
 
 int64_t count_wrong(const torch::Tensor& result, int world_size, ReduceOp op) {
   auto index = torch::arange(result.numel(), torch::TensorOptions().dtype(torch::kInt64));
-  auto expected = (index.remainder(7) + 1).to(torch::kFloat64) * (world_size * (world_size + 1) / 2);
+  auto expected =
+      (index.remainder(7) + 1).to(torch::kFloat64) * (world_size * (world_size + 1) / 2);
   if (op == ReduceOp::kAverage) expected = expected / world_size;
   // Tolerance: float32 and bfloat16 hold these small integers exactly; an
   // average may round, by at most half a unit in the last place (2^-8 for bf16).
@@ -114,32 +119,31 @@ int main(int argc, char** argv) {
   const auto& info = vqa::runtime::distributed_init(&argc, &argv);
   BenchConfig config;
   po::options_description options("vqa_allreduce_bench options");
-  options.add_options()
-      ("help,h", "print this help and exit")
-      ("minbytes,b", po::value(&config.min_bytes)->default_value(config.min_bytes),
-       "smallest message, bytes per rank (suffixes K, M, G)")
-      ("maxbytes,e", po::value(&config.max_bytes)->default_value(config.max_bytes),
-       "largest message, bytes per rank (suffixes K, M, G)")
-      ("stepfactor,f", po::value(&config.step_factor)->default_value(config.step_factor),
-       "multiply the size by this factor from one row to the next (>= 2)")
-      ("warmup_iters,w", po::value(&config.warmup_iters)->default_value(config.warmup_iters),
-       "untimed allreduces before each size")
-      ("iters,n", po::value(&config.iters)->default_value(config.iters),
-       "timed allreduces per round")
-      ("rounds,r", po::value(&config.rounds)->default_value(config.rounds),
-       "rounds per size; the table shows the median round (ours and raw MPI alternate)")
-      ("datatype,d", po::value(&config.dtype)->default_value(config.dtype),
-       "element type: float (float32) or bf16 (bfloat16)")
-      ("op,o", po::value(&config.op)->default_value(config.op),
-       "reduction: sum or avg (sum, then divide by the number of ranks)")
-      ("backend", po::value(&config.backend)->default_value(config.backend),
-       "communicator: auto (from --device), mpi or nccl")
-      ("device", po::value(&config.device)->default_value(config.device),
-       "where the buffer lives: cpu or cuda (GPU local_rank)")
-      ("check,c", po::value(&config.check)->default_value(config.check),
-       "verify every size's result (1) or not (0); wrong elements make the exit status 1")
-      ("raw", po::value(&config.compare_raw)->default_value(config.compare_raw),
-       "also time raw MPI_Allreduce on the same buffer (MPI backend, float, sum only)");
+  options.add_options()("help,h", "print this help and exit")(
+      "minbytes,b", po::value(&config.min_bytes)->default_value(config.min_bytes),
+      "smallest message, bytes per rank (suffixes K, M, G)")(
+      "maxbytes,e", po::value(&config.max_bytes)->default_value(config.max_bytes),
+      "largest message, bytes per rank (suffixes K, M, G)")(
+      "stepfactor,f", po::value(&config.step_factor)->default_value(config.step_factor),
+      "multiply the size by this factor from one row to the next (>= 2)")(
+      "warmup_iters,w", po::value(&config.warmup_iters)->default_value(config.warmup_iters),
+      "untimed allreduces before each size")("iters,n",
+                                             po::value(&config.iters)->default_value(config.iters),
+                                             "timed allreduces per round")(
+      "rounds,r", po::value(&config.rounds)->default_value(config.rounds),
+      "rounds per size; the table shows the median round (ours and raw MPI alternate)")(
+      "datatype,d", po::value(&config.dtype)->default_value(config.dtype),
+      "element type: float (float32) or bf16 (bfloat16)")(
+      "op,o", po::value(&config.op)->default_value(config.op),
+      "reduction: sum or avg (sum, then divide by the number of ranks)")(
+      "backend", po::value(&config.backend)->default_value(config.backend),
+      "communicator: auto (from --device), mpi or nccl")(
+      "device", po::value(&config.device)->default_value(config.device),
+      "where the buffer lives: cpu or cuda (GPU local_rank)")(
+      "check,c", po::value(&config.check)->default_value(config.check),
+      "verify every size's result (1) or not (0); wrong elements make the exit status 1")(
+      "raw", po::value(&config.compare_raw)->default_value(config.compare_raw),
+      "also time raw MPI_Allreduce on the same buffer (MPI backend, float, sum only)");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, options), vm);
@@ -189,17 +193,19 @@ int main(int argc, char** argv) {
   const int n = info.world_size;
 
   if (info.rank == 0) {
-    std::printf("# vqa_allreduce_bench: %d ranks, backend %s, device %s, %d warm-up + %d x %d "
-                "timed iterations per size (median round)\n",
-                n, vqa::runtime::backend_name(comm->backend()), device.str().c_str(),
-                config.warmup_iters, config.rounds, config.iters);
-    std::printf("# time = blocking allreduce; async = allreduce_async + wait (progress thread);\n"
-                "# busbw = algbw * 2(n-1)/n; raw = MPI_Allreduce on the same buffer; "
-                "ratio = time / raw\n");
+    std::printf(
+        "# vqa_allreduce_bench: %d ranks, backend %s, device %s, %d warm-up + %d x %d "
+        "timed iterations per size (median round)\n",
+        n, vqa::runtime::backend_name(comm->backend()), device.str().c_str(), config.warmup_iters,
+        config.rounds, config.iters);
+    std::printf(
+        "# time = blocking allreduce; async = allreduce_async + wait (progress thread);\n"
+        "# busbw = algbw * 2(n-1)/n; raw = MPI_Allreduce on the same buffer; "
+        "ratio = time / raw\n");
     std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s\n", "size(B)", "count", "type",
                 "redop", "time(us)", "algbw", "busbw", "#wrong", "async(us)", "raw(us)", "ratio");
-    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s\n", "", "(elements)", "", "",
-                "", "(GB/s)", "(GB/s)", "", "", "", "");
+    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s\n", "", "(elements)", "", "", "",
+                "(GB/s)", "(GB/s)", "", "", "", "");
   }
 
   int64_t total_wrong = 0;
@@ -213,8 +219,8 @@ int main(int argc, char** argv) {
     comm->barrier();
     int64_t wrong = 0;
     if (config.check) {
-      wrong = static_cast<int64_t>(comm->sum_scalar(
-          static_cast<double>(count_wrong(buffer, n, op))));
+      wrong =
+          static_cast<int64_t>(comm->sum_scalar(static_cast<double>(count_wrong(buffer, n, op))));
     }
     total_wrong += wrong;
 

@@ -30,29 +30,29 @@ std::string hdf5_error_string();
 
 }  // namespace vqa::runtime
 
-#define VQA_CHECK(condition, message)                                                    \
-  do {                                                                                   \
-    if (!(condition)) {                                                                  \
-      ::vqa::runtime::fatal_error("vqa", #condition, __FILE__, __LINE__, (message));     \
-    }                                                                                    \
+#define VQA_CHECK(condition, message)                                                \
+  do {                                                                               \
+    if (!(condition)) {                                                              \
+      ::vqa::runtime::fatal_error("vqa", #condition, __FILE__, __LINE__, (message)); \
+    }                                                                                \
   } while (0)
 
 // MPI_SUCCESS is 0 in every MPI implementation (the standard fixes it).
-#define VQA_CHECK_MPI(call)                                                              \
-  do {                                                                                   \
-    const int vqa_mpi_rc_ = (call);                                                      \
-    if (vqa_mpi_rc_ != 0) {                                                              \
-      ::vqa::runtime::fatal_error("MPI", #call, __FILE__, __LINE__,                      \
-                                  ::vqa::runtime::mpi_error_string(vqa_mpi_rc_));        \
-    }                                                                                    \
+#define VQA_CHECK_MPI(call)                                                       \
+  do {                                                                            \
+    const int vqa_mpi_rc_ = (call);                                               \
+    if (vqa_mpi_rc_ != 0) {                                                       \
+      ::vqa::runtime::fatal_error("MPI", #call, __FILE__, __LINE__,               \
+                                  ::vqa::runtime::mpi_error_string(vqa_mpi_rc_)); \
+    }                                                                             \
   } while (0)
 
 // HDF5 calls return a negative herr_t/hid_t on failure; the detail is the top
 // of HDF5's error stack.
-#define VQA_CHECK_HDF5(call)                                                             \
-  do {                                                                                   \
-    if ((call) < 0) {                                                                    \
-      ::vqa::runtime::fatal_error("HDF5", #call, __FILE__, __LINE__,                     \
-                                  ::vqa::runtime::hdf5_error_string());                  \
-    }                                                                                    \
+#define VQA_CHECK_HDF5(call)                                            \
+  do {                                                                  \
+    if ((call) < 0) {                                                   \
+      ::vqa::runtime::fatal_error("HDF5", #call, __FILE__, __LINE__,    \
+                                  ::vqa::runtime::hdf5_error_string()); \
+    }                                                                   \
   } while (0)

@@ -54,8 +54,9 @@ std::unique_ptr<Communicator> communicator_create(Backend requested, const torch
 #ifdef VQA_HAVE_NCCL
   return nccl_communicator_create(info);
 #else
-  fatal_user_error("the NCCL backend was requested but this build has none; reconfigure with "
-                   "-DVQA_WITH_NCCL=ON on a machine with the CUDA toolkit and NCCL");
+  fatal_user_error(
+      "the NCCL backend was requested but this build has none; reconfigure with "
+      "-DVQA_WITH_NCCL=ON on a machine with the CUDA toolkit and NCCL");
 #endif
 }
 

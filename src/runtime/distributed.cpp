@@ -3,8 +3,8 @@
 #include <hdf5.h>
 #include <mpi.h>
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "runtime/check.h"  // VQA_CHECK_MPI, fatal_user_error
@@ -117,7 +117,8 @@ void distributed_raw_allreduce_sum(float* data, int64_t count) {
   constexpr int64_t kPiece = int64_t{1} << 30;
   for (int64_t offset = 0; offset < count; offset += kPiece) {
     const int piece = static_cast<int>(std::min(kPiece, count - offset));
-    VQA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data + offset, piece, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    VQA_CHECK_MPI(
+        MPI_Allreduce(MPI_IN_PLACE, data + offset, piece, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
   }
 }
 

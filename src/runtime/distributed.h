@@ -9,7 +9,7 @@
 namespace vqa::runtime {
 
 struct RankInfo {
-  int rank = 0;        // 0 .. world_size-1 in MPI_COMM_WORLD
+  int rank = 0;  // 0 .. world_size-1 in MPI_COMM_WORLD
   int world_size = 1;
   int local_rank = 0;  // index among the ranks on this host (MPI_COMM_TYPE_SHARED); GPU index
   int local_size = 1;  // ranks on this host

@@ -10,8 +10,8 @@
 #include <mutex>
 #include <thread>
 
-#include "runtime/check.h"             // VQA_CHECK_MPI, VQA_CHECK
-#include "runtime/communicator.h"      // Communicator, Work
+#include "runtime/check.h"              // VQA_CHECK_MPI, VQA_CHECK
+#include "runtime/communicator.h"       // Communicator, Work
 #include "runtime/communicator_impl.h"  // mpi_communicator_create
 
 namespace vqa::runtime {
@@ -122,9 +122,8 @@ class MpiCommunicator final : public Communicator {
 
  private:
   void check_buffer(const torch::Tensor& buffer, const char* what) const {
-    VQA_CHECK(buffer.device().is_cpu(),
-              std::string("MPI communicator ") + what + " needs a CPU tensor, got " +
-                  buffer.device().str());
+    VQA_CHECK(buffer.device().is_cpu(), std::string("MPI communicator ") + what +
+                                            " needs a CPU tensor, got " + buffer.device().str());
     VQA_CHECK(buffer.is_contiguous(), std::string(what) + " needs a contiguous tensor");
     VQA_CHECK(buffer.scalar_type() == torch::kFloat32 || buffer.scalar_type() == torch::kBFloat16,
               std::string(what) + " supports float32 and bfloat16, got " +
@@ -168,7 +167,8 @@ class MpiCommunicator final : public Communicator {
     const int64_t element_size = buffer.element_size();
     for (int64_t offset = 0; offset < buffer.numel(); offset += kMaxElementsPerCall) {
       const int count = static_cast<int>(std::min(kMaxElementsPerCall, buffer.numel() - offset));
-      VQA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size, count, type, op, comm_));
+      VQA_CHECK_MPI(
+          MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size, count, type, op, comm_));
     }
     if (pending.op == ReduceOp::kAverage && info_.world_size > 1) {
       buffer.div_(static_cast<double>(info_.world_size));

@@ -20,7 +20,8 @@ std::string loaded_library_path(const char* fragment) {
   dl_iterate_phdr(
       [](dl_phdr_info* info, size_t, void* data) {
         auto* s = static_cast<Search*>(data);
-        if (info->dlpi_name && std::string(info->dlpi_name).find(s->fragment) != std::string::npos) {
+        if (info->dlpi_name &&
+            std::string(info->dlpi_name).find(s->fragment) != std::string::npos) {
           char* resolved = realpath(info->dlpi_name, nullptr);
           s->found = resolved ? resolved : info->dlpi_name;
           std::free(resolved);

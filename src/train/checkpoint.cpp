@@ -50,13 +50,13 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   fs::rename(temporary, path);
 }
 
-std::string checkpoint_save(const std::string& out_dir, model::M3AE& model,
-                            VqaOptimizer& optimizer, const TrainState& state,
-                            const std::string& config_ini) {
+std::string checkpoint_save(const std::string& out_dir, model::M3AE& model, VqaOptimizer& optimizer,
+                            const TrainState& state, const std::string& config_ini) {
   const fs::path directory = fs::path(out_dir) / "checkpoints";
   fs::create_directories(directory);
   char name[64];
-  std::snprintf(name, sizeof(name), "epoch-%04lld.pt", static_cast<long long>(state.next_epoch - 1));
+  std::snprintf(name, sizeof(name), "epoch-%04lld.pt",
+                static_cast<long long>(state.next_epoch - 1));
   const std::string path = (directory / name).string();
 
   torch::serialize::OutputArchive archive;
@@ -106,7 +106,8 @@ void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& 
     optimizer.adamw().load(optimizer_archive);
     read_state(archive, state);
   } catch (const c10::Error& e) {
-    throw std::runtime_error("checkpoint " + path + " is unreadable: " + e.what_without_backtrace());
+    throw std::runtime_error("checkpoint " + path +
+                             " is unreadable: " + e.what_without_backtrace());
   }
 }
 

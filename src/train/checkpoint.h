@@ -20,9 +20,8 @@
 namespace vqa::train {
 
 // <out>/checkpoints/epoch-NNNN.pt, and <out>/checkpoints/latest naming it.
-std::string checkpoint_save(const std::string& out_dir, model::M3AE& model,
-                            VqaOptimizer& optimizer, const TrainState& state,
-                            const std::string& config_ini);
+std::string checkpoint_save(const std::string& out_dir, model::M3AE& model, VqaOptimizer& optimizer,
+                            const TrainState& state, const std::string& config_ini);
 
 // <out>/best_model.pt: the model (and state) of the best epoch so far.
 void checkpoint_save_best(const std::string& out_dir, model::M3AE& model, const TrainState& state);

@@ -36,11 +36,14 @@ std::string to_text(Integer value) {
 class OptionTable {
  public:
   explicit OptionTable(TrainConfig& c) : options_("vqa_train options") {
-    add("config", &c.config_file, "INI file with any of these options (key = value); the command line wins");
+    add("config", &c.config_file,
+        "INI file with any of these options (key = value); the command line wins");
     add("train-data", &c.train_data, "HDF5 dataset made by vqa_prep (train split)");
-    add("test-data", &c.test_data, "HDF5 dataset for evaluation (test split); default: --train-data");
+    add("test-data", &c.test_data,
+        "HDF5 dataset for evaluation (test split); default: --train-data");
     add("prefetch-depth", &c.prefetch_depth, "batches the loader thread prepares ahead");
-    add("drop-last", &c.drop_last, "drop the tail that does not fill every rank instead of wrapping around");
+    add("drop-last", &c.drop_last,
+        "drop the tail that does not fill every rank instead of wrapping around");
     add("preset", &c.preset, "model size: tiny | small | base");
     add("hidden", &c.hidden, "hidden size (0: preset)");
     add("heads", &c.heads, "attention heads (0: preset)");
@@ -57,7 +60,8 @@ class OptionTable {
     add("lr-fusion-multiplier", &c.lr_fusion_multiplier, "fusion layers' lr = lr x this");
     add("lr-head-multiplier", &c.lr_head_multiplier, "VQA head's lr = lr x this");
     add("weight-decay", &c.weight_decay, "AdamW weight decay (none on biases and norm weights)");
-    add("warmup-ratio", &c.warmup_ratio, "share of optimiser steps with linear warm-up, then linear decay to 0");
+    add("warmup-ratio", &c.warmup_ratio,
+        "share of optimiser steps with linear warm-up, then linear decay to 0");
     add("grad-clip", &c.grad_clip, "clip the global gradient norm to this (0: off)");
     add("seed", &c.seed, "seed for initialisation, shuffling and dropout");
     add("device", &c.device, "auto | cpu | cuda (GPU = local rank)");
@@ -69,11 +73,16 @@ class OptionTable {
     add("no-comm", &c.no_comm, "benchmark only: skip the gradient allreduce (ranks diverge)");
     add("eval-every", &c.eval_every, "evaluate every N epochs (0: never)");
     add("save-every", &c.save_every, "write a checkpoint every N epochs (0: never)");
-    add("max-steps-per-epoch", &c.max_steps_per_epoch, "stop each epoch after N optimiser steps (0: all)");
-    add("log-every-steps", &c.log_every_steps, "print a progress line every N optimiser steps (0: per epoch)");
-    add("progress", &c.progress, "progress bar on rank 0: auto (stdout is a terminal and not under mpirun, whose ranks always get a pseudo-terminal) | on | off");
+    add("max-steps-per-epoch", &c.max_steps_per_epoch,
+        "stop each epoch after N optimiser steps (0: all)");
+    add("log-every-steps", &c.log_every_steps,
+        "print a progress line every N optimiser steps (0: per epoch)");
+    add("progress", &c.progress,
+        "progress bar on rank 0: auto (stdout is a terminal and not under mpirun, whose ranks "
+        "always get a pseudo-terminal) | on | off");
     add("out", &c.out, "run directory: log, metrics, config, checkpoints");
-    add("resume", &c.resume, "'' (start fresh), 'auto' (latest checkpoint in --out if any) or a checkpoint file");
+    add("resume", &c.resume,
+        "'' (start fresh), 'auto' (latest checkpoint in --out if any) or a checkpoint file");
     options_.add_options()("help,h", "print this help and exit");
   }
 
@@ -91,7 +100,8 @@ class OptionTable {
     auto* semantic = po::value(field)->default_value(*field, to_text(*field));
     if constexpr (std::is_same_v<T, bool>) semantic->implicit_value(true, "true");
     options_.add_options()(name, semantic, help);
-    if (std::string(name) != "config") printers_.emplace_back(name, [field] { return to_text(*field); });
+    if (std::string(name) != "config")
+      printers_.emplace_back(name, [field] { return to_text(*field); });
   }
 
   po::options_description options_;
@@ -125,7 +135,8 @@ bool config_parse(int argc, char** argv, int rank, TrainConfig& config) {
 void config_finalize(TrainConfig& c, int world_size) {
   using runtime::fatal_user_error;
   c.world_size = world_size;
-  if (c.train_data.empty()) fatal_user_error("--train-data is required (make one with vqa_prep synth)");
+  if (c.train_data.empty())
+    fatal_user_error("--train-data is required (make one with vqa_prep synth)");
   if (c.test_data.empty()) c.test_data = c.train_data;
   if (c.epochs < 1) fatal_user_error("--epochs must be >= 1, got " + std::to_string(c.epochs));
   if (c.batch_per_rank < 1) {

@@ -17,7 +17,8 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
   int64_t group_bytes = 0;
   for (int64_t i = static_cast<int64_t>(parameters_.size()) - 1; i >= 0; --i) {
     const auto& tensor = parameters_[i].tensor;
-    VQA_CHECK(tensor.requires_grad(), "parameter " + parameters_[i].name + " does not require grad");
+    VQA_CHECK(tensor.requires_grad(),
+              "parameter " + parameters_[i].name + " does not require grad");
     VQA_CHECK(tensor.scalar_type() == torch::kFloat32,
               "gradient buckets hold float32 parameters; " + parameters_[i].name + " is " +
                   std::string(c10::toString(tensor.scalar_type())));
@@ -35,12 +36,14 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
     int64_t elements = 0;
     for (size_t k = 0; k < group.size(); ++k) {
       const int64_t index = group[k];
-      slots_[index] = Slot{static_cast<int64_t>(buckets_.size()), elements, static_cast<int64_t>(k)};
+      slots_[index] =
+          Slot{static_cast<int64_t>(buckets_.size()), elements, static_cast<int64_t>(k)};
       elements += parameters_[index].tensor.numel();
     }
     const auto& device = parameters_[group.front()].tensor.device();
     bucket.parameters = std::move(group);
-    bucket.flat = torch::zeros({elements}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+    bucket.flat =
+        torch::zeros({elements}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
     if (options_.bf16) bucket.wire = torch::empty_like(bucket.flat, torch::kBFloat16);
     bucket.arrived.assign(bucket.parameters.size(), false);
     stats_.bytes_per_step += elements * (options_.bf16 ? 2 : 4);

@@ -32,8 +32,8 @@ struct GradientSyncOptions {
 
 struct GradientSyncStats {
   int64_t buckets = 0;
-  int64_t bytes_per_step = 0;          // bytes each rank allreduces per optimiser step
-  double exposed_wait_seconds = 0.0;   // cumulative host time finish_backward waited
+  int64_t bytes_per_step = 0;         // bytes each rank allreduces per optimiser step
+  double exposed_wait_seconds = 0.0;  // cumulative host time finish_backward waited
   int64_t synchronised_steps = 0;
 };
 

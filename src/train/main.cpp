@@ -90,16 +90,17 @@ int main(int argc, char** argv) {
   model->to(device);
   auto comm = runtime::communicator_create(runtime::backend_from_string(config.backend), device);
   train::broadcast_module_state(*model, *comm);
-  train::OptimizerSettings optimizer_settings{config.lr, config.lr_fusion_multiplier,
-                                              config.lr_head_multiplier, config.weight_decay,
-                                              config.warmup_ratio, steps_per_epoch * config.epochs};
+  train::OptimizerSettings optimizer_settings{
+      config.lr,           config.lr_fusion_multiplier, config.lr_head_multiplier,
+      config.weight_decay, config.warmup_ratio,         steps_per_epoch * config.epochs};
   train::VqaOptimizer optimizer(model, optimizer_settings);
   train::GradientSynchronizer gradients(
       trainable_parameters(model), *comm,
       train::GradientSyncOptions{config.bucket_mb, config.bf16_allreduce, !config.no_comm});
 
   train::TrainState state;
-  std::string resume_from = config.resume == "auto" ? train::checkpoint_latest(config.out) : config.resume;
+  std::string resume_from =
+      config.resume == "auto" ? train::checkpoint_latest(config.out) : config.resume;
   if (!resume_from.empty()) {
     try {
       train::checkpoint_load(resume_from, model, optimizer, state);
@@ -111,7 +112,8 @@ int main(int argc, char** argv) {
   // ---- report the resolved run ---------------------------------------------
   if (rank.rank == 0) {
     std::filesystem::create_directories(config.out);
-    train::write_file_atomically((std::filesystem::path(config.out) / "config.ini").string(), config_ini);
+    train::write_file_atomically((std::filesystem::path(config.out) / "config.ini").string(),
+                                 config_ini);
     std::printf("%s", config_ini.c_str());
   }
   const auto& dataset = train_loader.info();
@@ -121,8 +123,8 @@ int main(int argc, char** argv) {
   log.info("model: " + model::model_config_describe(model_config) + ", " +
            std::to_string(model::parameter_count(*model)) + " parameters");
   log.info("data: " + std::to_string(dataset.num_questions) + " train / " +
-           std::to_string(test_loader.info().num_questions) + " test questions, K=" +
-           std::to_string(dataset.num_answers) + " answers; global batch " +
+           std::to_string(test_loader.info().num_questions) +
+           " test questions, K=" + std::to_string(dataset.num_answers) + " answers; global batch " +
            std::to_string(config.global_batch) + " = " + std::to_string(config.batch_per_rank) +
            " per rank x " + std::to_string(rank.world_size) + " ranks x " +
            std::to_string(config.accumulation_steps) + " accumulation step(s); " +
@@ -163,7 +165,8 @@ int main(int argc, char** argv) {
     log.epoch(epoch, epoch_stats, evaluate_now ? &eval_stats : nullptr, best);
     if (rank.rank == 0) {
       if (best) train::checkpoint_save_best(config.out, model, state);
-      if (config.save_every > 0 && ((epoch + 1) % config.save_every == 0 || epoch + 1 == config.epochs)) {
+      if (config.save_every > 0 &&
+          ((epoch + 1) % config.save_every == 0 || epoch + 1 == config.epochs)) {
         train::checkpoint_save(config.out, model, optimizer, state, config_ini);
       }
     }

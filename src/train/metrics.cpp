@@ -9,7 +9,8 @@ torch::Tensor count_answers(const torch::Tensor& logits, const torch::Tensor& ta
   const auto [best_score, best_label] = targets.max(/*dim=*/1);
   const auto in_label_set = best_score > 0;
   const auto counted = valid.to(torch::kFloat32);
-  const auto correct = (predicted == best_label).logical_and(in_label_set).to(torch::kFloat32) * counted;
+  const auto correct =
+      (predicted == best_label).logical_and(in_label_set).to(torch::kFloat32) * counted;
   const auto open = (answer_type == 1).to(torch::kFloat32) * counted;
   const auto closed = (answer_type == 0).to(torch::kFloat32) * counted;
   return torch::stack({correct.sum(), counted.sum(), (correct * open).sum(), open.sum(),

@@ -24,7 +24,9 @@ VqaOptimizer::VqaOptimizer(model::M3AE& model, const OptimizerSettings& settings
   for (int group = 0; group < 6; ++group) {
     if (tensors[group].empty()) continue;
     auto options = std::make_unique<torch::optim::AdamWOptions>(settings.lr);
-    options->betas({0.9, 0.98}).eps(1e-8).weight_decay(group % 2 == 0 ? settings.weight_decay : 0.0);
+    options->betas({0.9, 0.98})
+        .eps(1e-8)
+        .weight_decay(group % 2 == 0 ? settings.weight_decay : 0.0);
     groups.emplace_back(tensors[group], std::move(options));
     multipliers_.push_back(group_multiplier[group / 2]);
   }

@@ -11,8 +11,9 @@ namespace vqa::train {
 torch::Device setup_device(const TrainConfig& config, const runtime::RankInfo& rank) {
   const bool gpu = torch::cuda::is_available() && runtime::cuda_device_count() > 0;
   if (config.device == "cuda" && !gpu) {
-    runtime::fatal_user_error("--device cuda, but this LibTorch build or host has no usable CUDA "
-                              "device (torch::cuda::is_available() is false)");
+    runtime::fatal_user_error(
+        "--device cuda, but this LibTorch build or host has no usable CUDA "
+        "device (torch::cuda::is_available() is false)");
   }
   int threads = config.threads;
   if (threads <= 0) {
@@ -34,8 +35,10 @@ void require_same_on_all_ranks(const std::string& what, const std::string& text)
   }
   if (!differing.empty()) {
     runtime::fatal_user_error("the " + what + " differs between rank 0 and rank(s) " + differing +
-                              " (hash " + hashes[0] + " on rank 0); every rank must run with the "
-                              "same " + what);
+                              " (hash " + hashes[0] +
+                              " on rank 0); every rank must run with the "
+                              "same " +
+                              what);
   }
 }
 

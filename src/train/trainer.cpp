@@ -2,10 +2,10 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <unistd.h>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <unistd.h>
 
 #include "runtime/check.h"  // fatal_user_error
 
@@ -117,28 +117,32 @@ EpochStats train_epoch(model::M3AE& model, data::ShardedLoader& loader, VqaOptim
       samples += host_batch.size();
     }
     gradients.finish_backward();
-    if (config.grad_clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), config.grad_clip);
+    if (config.grad_clip > 0)
+      torch::nn::utils::clip_grad_norm_(model->parameters(), config.grad_clip);
     stats.learning_rate = optimizer.learning_rate(state.global_step);
     optimizer.step(state.global_step);
     optimizer.zero_grad();
     ++state.global_step;
-    if (config.log_every_steps > 0 && (step + 1) % config.log_every_steps == 0 && comm.rank() == 0) {
+    if (config.log_every_steps > 0 && (step + 1) % config.log_every_steps == 0 &&
+        comm.rank() == 0) {
       std::printf("  epoch %lld step %lld/%lld  %.1f s\n", (long long)epoch, (long long)step + 1,
                   (long long)steps, seconds_since(start));
       std::fflush(stdout);
     } else if (show_progress) {
       const int width = 30;
       const int filled = static_cast<int>(width * (step + 1) / std::max<int64_t>(1, steps));
-      std::printf("\r  epoch %lld [%s%s] %lld/%lld", (long long)epoch, std::string(filled, '#').c_str(),
-                  std::string(width - filled, '.').c_str(), (long long)step + 1, (long long)steps);
+      std::printf("\r  epoch %lld [%s%s] %lld/%lld", (long long)epoch,
+                  std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                  (long long)step + 1, (long long)steps);
       std::fflush(stdout);
     }
   }
   if (show_progress) std::printf("\r%80s\r", "");
 
   // One small allreduce at the end of the epoch: loss sum and sample count.
-  auto totals = torch::stack({loss_sum.to(torch::kFloat32),
-                              torch::tensor(static_cast<float>(samples), loss_sum.options().dtype(torch::kFloat32))});
+  auto totals = torch::stack(
+      {loss_sum.to(torch::kFloat32),
+       torch::tensor(static_cast<float>(samples), loss_sum.options().dtype(torch::kFloat32))});
   comm.allreduce(totals, runtime::ReduceOp::kSum);
   const auto host_totals = totals.to(torch::kCPU);
   stats.samples = static_cast<int64_t>(host_totals[1].item<float>());
@@ -164,9 +168,11 @@ EvalStats evaluate(model::M3AE& model, data::ShardedLoader& loader, runtime::Com
     torch::Tensor logits;
     {
       AutocastScope autocast(bf16_autocast && device.is_cuda());
-      logits = model->forward(batch.images, batch.token_ids, batch.attention_mask).to(torch::kFloat32);
+      logits =
+          model->forward(batch.images, batch.token_ids, batch.attention_mask).to(torch::kFloat32);
     }
-    counts.narrow(0, 0, kAnswerCounts) += count_answers(logits, batch.targets, batch.answer_type, batch.valid);
+    counts.narrow(0, 0, kAnswerCounts) +=
+        count_answers(logits, batch.targets, batch.answer_type, batch.valid);
     // Per-sample loss, padding excluded.
     const auto per_sample =
         torch::binary_cross_entropy_with_logits(logits, batch.targets, {}, {}, at::Reduction::None)
@@ -177,7 +183,8 @@ EvalStats evaluate(model::M3AE& model, data::ShardedLoader& loader, runtime::Com
   EvalStats stats;
   const auto host = counts.to(torch::kCPU);
   stats.accuracy = accuracy_from_counts(host.narrow(0, 0, kAnswerCounts));
-  stats.mean_loss = stats.accuracy.total > 0 ? host[kAnswerCounts].item<float>() / stats.accuracy.total : 0.0;
+  stats.mean_loss =
+      stats.accuracy.total > 0 ? host[kAnswerCounts].item<float>() / stats.accuracy.total : 0.0;
   stats.seconds = seconds_since(start);
   model->train();
   return stats;

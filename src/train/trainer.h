@@ -26,7 +26,7 @@ struct EpochStats {
   double mean_loss = 0.0;  // over every sample of every rank
   double seconds = 0.0;
   int64_t optimizer_steps = 0;
-  int64_t samples = 0;  // over all ranks, padding included
+  int64_t samples = 0;             // over all ranks, padding included
   double data_wait_seconds = 0.0;  // this rank
   double comm_wait_seconds = 0.0;  // this rank: finish_backward's wait
   double learning_rate = 0.0;      // encoders' lr at the last step

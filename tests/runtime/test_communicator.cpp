@@ -53,11 +53,10 @@ TEST_P(CpuAllreduce, MatchesDoublePrecisionReference) {
       << "max abs error " << (buffer.to(torch::kFloat64) - expected).abs().max().item<double>();
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    OddSizes, CpuAllreduce,
-    ::testing::Combine(::testing::Values(1, 7, 1000003),
-                       ::testing::Values(torch::kFloat32, torch::kBFloat16),
-                       ::testing::Values(ReduceOp::kSum, ReduceOp::kAverage)));
+INSTANTIATE_TEST_SUITE_P(OddSizes, CpuAllreduce,
+                         ::testing::Combine(::testing::Values(1, 7, 1000003),
+                                            ::testing::Values(torch::kFloat32, torch::kBFloat16),
+                                            ::testing::Values(ReduceOp::kSum, ReduceOp::kAverage)));
 
 TEST(CpuCommunicator, BroadcastReplacesEveryRanksValues) {
   const auto& info = vqa::runtime::distributed_rank_info();
@@ -149,8 +148,8 @@ TEST_P(GpuAllreduce, AverageMatchesDoublePrecisionReference) {
   comm->allreduce(buffer, ReduceOp::kAverage);
   const auto expected = expected_sum(info.world_size, size) / info.world_size;
   const auto tol = tolerance_for(type);
-  EXPECT_TRUE(torch::allclose(buffer.to(torch::kCPU).to(torch::kFloat64), expected, tol.rtol,
-                              tol.atol));
+  EXPECT_TRUE(
+      torch::allclose(buffer.to(torch::kCPU).to(torch::kFloat64), expected, tol.rtol, tol.atol));
 }
 
 INSTANTIATE_TEST_SUITE_P(OddSizes, GpuAllreduce,

@@ -50,12 +50,13 @@ ProcessResult run_process(const std::string& command, double timeout_seconds) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   reader.join();
   close(pipe_fds[0]);
-  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-  else if (WIFSIGNALED(status)) result.exit_code = 128 + WTERMSIG(status);
+  if (WIFEXITED(status))
+    result.exit_code = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status))
+    result.exit_code = 128 + WTERMSIG(status);
   return result;
 }
 
@@ -65,7 +66,8 @@ std::string mpirun_prefix(int ranks) {
 }
 
 std::string make_temp_dir(const std::string& tag) {
-  std::string pattern = (std::filesystem::temp_directory_path() / ("vqa-" + tag + "-XXXXXX")).string();
+  std::string pattern =
+      (std::filesystem::temp_directory_path() / ("vqa-" + tag + "-XXXXXX")).string();
   if (mkdtemp(pattern.data()) == nullptr) return {};
   return pattern;
 }

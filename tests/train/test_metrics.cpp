@@ -51,8 +51,9 @@ TEST(Metrics, HandMadeFixtureSummedOverRanks) {
   const Fixture f = make_fixture();
   // Rank r takes rows r, r + n, r + 2n, ... as the sampler shards the test split.
   const auto rows = torch::arange(info.rank, 8, info.world_size, torch::kInt64);
-  auto counts = vqa::train::count_answers(f.logits.index_select(0, rows), f.targets.index_select(0, rows),
-                                          f.answer_type.index_select(0, rows), f.valid.index_select(0, rows));
+  auto counts =
+      vqa::train::count_answers(f.logits.index_select(0, rows), f.targets.index_select(0, rows),
+                                f.answer_type.index_select(0, rows), f.valid.index_select(0, rows));
   auto comm = vqa::runtime::communicator_create(vqa::runtime::Backend::kMpi, torch::kCPU);
   comm->allreduce(counts, vqa::runtime::ReduceOp::kSum);
   const auto accuracy = vqa::train::accuracy_from_counts(counts);

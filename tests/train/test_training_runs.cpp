@@ -2,8 +2,8 @@
 // equivalence, exact resume, resume at another rank count, refusal of a
 // global batch that does not divide.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
@@ -20,10 +20,10 @@ class TrainingRuns : public ::testing::Test {
   static void SetUpTestSuite() {
     directory_ = vqa::testing::make_temp_dir("train");
     dataset_ = directory_ + "/synth.h5";
-    const auto result = vqa::testing::run_process(
-        std::string(VQA_PREP) + " synth -o " + dataset_ +
-            " --train-questions 512 --test-questions 128 --seed 7",
-        120);
+    const auto result =
+        vqa::testing::run_process(std::string(VQA_PREP) + " synth -o " + dataset_ +
+                                      " --train-questions 512 --test-questions 128 --seed 7",
+                                  120);
     ASSERT_EQ(result.exit_code, 0) << result.output;
   }
   static void TearDownTestSuite() { fs::remove_all(directory_); }
@@ -94,10 +94,14 @@ class TrainingRuns : public ::testing::Test {
 };
 
 TEST_F(TrainingRuns, TwoRanksEqualOneRankWithDoubleBatchAndWithAccumulation) {
-  const std::string common = " --epochs 1 --max-steps-per-epoch 10 --global-batch 16 --eval-every 0 ";
-  const auto two_ranks = load_model(train("eq2", 2, common + "--batch-per-rank 8") + "/checkpoints/epoch-0000.pt");
-  const auto one_rank = load_model(train("eq1", 1, common + "--batch-per-rank 16") + "/checkpoints/epoch-0000.pt");
-  const auto accumulated = load_model(train("eq1acc", 1, common + "--batch-per-rank 8") + "/checkpoints/epoch-0000.pt");
+  const std::string common =
+      " --epochs 1 --max-steps-per-epoch 10 --global-batch 16 --eval-every 0 ";
+  const auto two_ranks =
+      load_model(train("eq2", 2, common + "--batch-per-rank 8") + "/checkpoints/epoch-0000.pt");
+  const auto one_rank =
+      load_model(train("eq1", 1, common + "--batch-per-rank 16") + "/checkpoints/epoch-0000.pt");
+  const auto accumulated =
+      load_model(train("eq1acc", 1, common + "--batch-per-rank 8") + "/checkpoints/epoch-0000.pt");
   EXPECT_NE(last_output_.find("2 accumulation step(s)"), std::string::npos) << last_output_;
   // The same samples make each optimiser step; only the order of float
   // additions differs. Tolerance: 1e-5 relative per parameter tensor.
@@ -110,9 +114,11 @@ TEST_F(TrainingRuns, TwoRanksEqualOneRankWithDoubleBatchAndWithAccumulation) {
 
   // Control: without the gradient allreduce rank 0 follows only its own half
   // of each batch and ends up measurably elsewhere (> 1e-3 relative).
-  const auto no_comm = load_model(train("eq2nocomm", 2, common + "--batch-per-rank 8 --no-comm") + "/checkpoints/epoch-0000.pt");
+  const auto no_comm = load_model(train("eq2nocomm", 2, common + "--batch-per-rank 8 --no-comm") +
+                                  "/checkpoints/epoch-0000.pt");
   const double no_comm_vs_one = max_relative_difference(no_comm, one_rank);
-  std::printf("max relative difference: 2 ranks without allreduce vs 1 rank %.3g\n", no_comm_vs_one);
+  std::printf("max relative difference: 2 ranks without allreduce vs 1 rank %.3g\n",
+              no_comm_vs_one);
   EXPECT_GT(no_comm_vs_one, 1e-3);
 }
 
@@ -153,7 +159,8 @@ TEST_F(TrainingRuns, GlobalBatchThatDoesNotDivideIsRefusedOnEveryRank) {
       60);
   EXPECT_NE(result.exit_code, 0);
   EXPECT_LT(result.seconds, 30.0);
-  EXPECT_NE(result.output.find("--global-batch 24 is not a multiple of --batch-per-rank x ranks = 8 x 2 = 16"),
+  EXPECT_NE(result.output.find(
+                "--global-batch 24 is not a multiple of --batch-per-rank x ranks = 8 x 2 = 16"),
             std::string::npos)
       << result.output;
   EXPECT_FALSE(fs::exists(directory_ + "/bad/checkpoints"));
