@@ -54,6 +54,19 @@ bool progress_bar_wanted(const std::string& mode) {
 
 }  // namespace
 
+void clip_gradient_norm(const std::vector<torch::Tensor>& parameters, double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> norms;
+  for (const auto& parameter : parameters) {
+    if (parameter.grad().defined()) norms.push_back(parameter.grad().norm());
+  }
+  if (norms.empty()) return;
+  const auto scale = (max_norm / (torch::stack(norms).norm() + 1e-6)).clamp_max(1.0);
+  for (const auto& parameter : parameters) {
+    if (parameter.grad().defined()) parameter.grad().mul_(scale);
+  }
+}
+
 int64_t optimizer_steps_per_epoch(const data::ShardedLoader& loader, const TrainConfig& config) {
   // Micro-steps that do not fill a whole optimiser step are left out, so every
   // optimiser step averages exactly --global-batch samples.
@@ -117,8 +130,7 @@ EpochStats train_epoch(model::M3AE& model, data::ShardedLoader& loader, VqaOptim
       samples += host_batch.size();
     }
     gradients.finish_backward();
-    if (config.grad_clip > 0)
-      torch::nn::utils::clip_grad_norm_(model->parameters(), config.grad_clip);
+    if (config.grad_clip > 0) clip_gradient_norm(model->parameters(), config.grad_clip);
     stats.learning_rate = optimizer.learning_rate(state.global_step);
     optimizer.step(state.global_step);
     optimizer.zero_grad();

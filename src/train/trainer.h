@@ -48,6 +48,11 @@ data::Batch batch_to_device(const data::Batch& batch, const torch::Device& devic
 // the batch of the sum over answer labels.
 torch::Tensor vqa_loss(const torch::Tensor& logits, const torch::Tensor& targets);
 
+// Scales the gradients so that their global L2 norm is at most max_norm.
+// Unlike torch::nn::utils::clip_grad_norm_, which returns the norm as a host
+// double, the scale stays on the device: no host synchronisation per step.
+void clip_gradient_norm(const std::vector<torch::Tensor>& parameters, double max_norm);
+
 EpochStats train_epoch(model::M3AE& model, data::ShardedLoader& loader, VqaOptimizer& optimizer,
                        GradientSynchronizer& gradients, runtime::Communicator& comm,
                        const TrainConfig& config, const torch::Device& device, TrainState& state);

@@ -19,11 +19,11 @@ TEST(Learning, TinyPresetReachesNinetyPercentOnSyntheticSet) {
   auto result = vqa::testing::run_process(std::string(VQA_PREP) + " synth -o " + dataset, 120);
   ASSERT_EQ(result.exit_code, 0) << result.output;
 
-  result = vqa::testing::run_process(
-      vqa::testing::mpirun_prefix(2) + VQA_TRAIN + " --config " VQA_SOURCE_DIR
-      "/jobs/configs/quickstart.ini --train-data " + dataset + " --out " + directory +
-          "/run --progress off",
-      1200);
+  result = vqa::testing::run_process(vqa::testing::mpirun_prefix(2) + VQA_TRAIN +
+                                         " --config " VQA_SOURCE_DIR
+                                         "/jobs/configs/quickstart.ini --train-data " +
+                                         dataset + " --out " + directory + "/run --progress off",
+                                     1200);
   ASSERT_EQ(result.exit_code, 0) << result.output;
 
   std::ifstream metrics(directory + "/run/metrics.jsonl");
@@ -36,9 +36,10 @@ TEST(Learning, TinyPresetReachesNinetyPercentOnSyntheticSet) {
   }
   ASSERT_GT(epochs, 0) << result.output;
   const double overall = last["overall"].get<double>();
-  std::printf("quickstart: %d epochs in %.1f s, final overall %.2f%% (open %.2f%%, closed %.2f%%)\n",
-              epochs, result.seconds, 100 * overall, 100 * last["open"].get<double>(),
-              100 * last["closed"].get<double>());
+  std::printf(
+      "quickstart: %d epochs in %.1f s, final overall %.2f%% (open %.2f%%, closed %.2f%%)\n",
+      epochs, result.seconds, 100 * overall, 100 * last["open"].get<double>(),
+      100 * last["closed"].get<double>());
   EXPECT_GE(overall, 0.90) << result.output;
   std::filesystem::remove_all(directory);
 }

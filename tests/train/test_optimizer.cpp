@@ -4,6 +4,7 @@
 
 #include "model/m3ae.h"       // M3AE, model_config_preset
 #include "train/optimizer.h"  // VqaOptimizer, linear_schedule_factor
+#include "train/trainer.h"    // clip_gradient_norm
 
 namespace {
 
@@ -49,6 +50,19 @@ TEST(Optimizer, GroupsGetTheirMultipliersAndDecay) {
   EXPECT_EQ(grouped, static_cast<int64_t>(model->parameters().size()));
   EXPECT_DOUBLE_EQ(optimizer.learning_rate(10), 1e-3);
   EXPECT_NEAR(optimizer.learning_rate(55), 0.5e-3, 1e-15);
+}
+
+TEST(Clipping, ScalesTheGlobalNormDownAndLeavesSmallerNormsAlone) {
+  auto a = torch::zeros({1}, torch::requires_grad());
+  auto b = torch::zeros({1}, torch::requires_grad());
+  a.mutable_grad() = torch::tensor({3.f});
+  b.mutable_grad() = torch::tensor({4.f});  // global norm 5
+  vqa::train::clip_gradient_norm({a, b}, /*max_norm=*/1.0);
+  // 3/5 and 4/5, up to the 1e-6 guard in the denominator: 1e-6 absolute.
+  EXPECT_NEAR(a.grad().item<float>(), 0.6f, 1e-6);
+  EXPECT_NEAR(b.grad().item<float>(), 0.8f, 1e-6);
+  vqa::train::clip_gradient_norm({a, b}, /*max_norm=*/10.0);
+  EXPECT_NEAR(a.grad().item<float>(), 0.6f, 1e-6);
 }
 
 }  // namespace
