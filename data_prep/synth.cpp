@@ -15,9 +15,12 @@ namespace {
 constexpr std::array<const char*, 3> kColours = {"red", "green", "blue"};
 constexpr std::array<const char*, 3> kShapes = {"circle", "square", "triangle"};
 constexpr std::array<const char*, 4> kQuestionTypes = {"exists", "colour", "shape", "count"};
+// Shapes per image: at least two, so that the question's colour or shape word
+// is needed to pick the object an open question is about (see synth.h).
+constexpr int kMinShapes = 2, kMaxShapes = 4;
 // Label ids: yes, no, the colours, the shapes, the counts.
 const std::vector<std::string> kAnswerLabels = {
-    "yes", "no", "red", "green", "blue", "circle", "square", "triangle", "1", "2", "3"};
+    "yes", "no", "red", "green", "blue", "circle", "square", "triangle", "2", "3", "4"};
 
 // SplitMix64: fixed by its definition, so a seed gives the same data everywhere.
 class Random {
@@ -98,14 +101,22 @@ bool make_question(int type, const std::vector<Shape>& shapes, Random& random, Q
     q.answer = std::to_string(shapes.size());
     return true;
   }
-  const Shape& s = shapes[random.below(static_cast<int>(shapes.size()))];
+  // Asked of an object whose shape (colour) occurs once, so the answer is unique.
+  std::vector<const Shape*> unique;
+  for (const Shape& s : shapes) {
+    if (count_if([&](const Shape& o) {
+          return type == 1 ? o.shape == s.shape : o.colour == s.colour;
+        }) == 1) {
+      unique.push_back(&s);
+    }
+  }
+  if (unique.empty()) return false;
+  const Shape& s = *unique[random.below(static_cast<int>(unique.size()))];
   if (type == 1) {
-    if (count_if([&](const Shape& o) { return o.shape == s.shape; }) != 1) return false;
     q.text = std::string("what colour is the ") + kShapes[s.shape] + "?";
     q.answer = kColours[s.colour];
     return true;
   }
-  if (count_if([&](const Shape& o) { return o.colour == s.colour; }) != 1) return false;
   q.text = std::string("what shape is the ") + kColours[s.colour] + " object?";
   q.answer = kShapes[s.shape];
   return true;
@@ -125,7 +136,8 @@ SplitData generate_split(const std::string& name, int64_t num_questions,
   for (int64_t image = 0; image < num_images; ++image) {
     std::array<int, 4> cells = {0, 1, 2, 3};
     for (int i = 3; i > 0; --i) std::swap(cells[i], cells[random.below(i + 1)]);
-    std::vector<Shape> shapes(static_cast<size_t>(1 + random.below(3)));
+    std::vector<Shape> shapes(
+        static_cast<size_t>(kMinShapes + random.below(kMaxShapes - kMinShapes + 1)));
     for (size_t i = 0; i < shapes.size(); ++i) {
       shapes[i] = {random.below(3), random.below(3), cells[i]};
     }

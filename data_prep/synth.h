@@ -1,13 +1,16 @@
 // `vqa_prep synth`: a synthetic, learnable VQA set of coloured shapes, the
-// quickstart's data. Each image has 1-3 solid shapes (circle, square,
+// quickstart's data. Each image has 2-4 solid shapes (circle, square,
 // triangle; red, green, blue) in distinct cells of a 2x2 grid on black; the
 // questions come from four templates:
 //   "is there a red circle?"            closed, yes/no (half of each)
 //   "what colour is the square?"        open, asked of a shape that occurs once
 //   "what shape is the blue object?"    open, asked of a colour that occurs once
-//   "how many shapes are there?"        open, 1-3
+//   "how many shapes are there?"        open, 2-4
+// Never fewer than two shapes: with one, the colour and shape questions can be
+// answered from the image alone, and a model from scratch settles there for
+// many epochs before it learns to read the question's colour and shape words.
 // 11 answer labels; the answer is always determined by the image, so a model
-// can reach ~100%, while always answering the most frequent label gets ~15%.
+// can reach ~100%, while always answering the most frequent label gets ~16%.
 #pragma once
 
 #include <cstdint>
