@@ -73,6 +73,9 @@ class OptionTable {
     add("no-comm", &c.no_comm, "benchmark only: skip the gradient allreduce (ranks diverge)");
     add("eval-every", &c.eval_every, "evaluate every N epochs (0: never)");
     add("save-every", &c.save_every, "write a checkpoint every N epochs (0: never)");
+    add("keep-checkpoints", &c.keep_checkpoints,
+        "keep the newest N checkpoints, deleting older ones (0: keep all; best_model.pt is "
+        "always kept)");
     add("max-steps-per-epoch", &c.max_steps_per_epoch,
         "stop each epoch after N optimiser steps (0: all)");
     add("log-every-steps", &c.log_every_steps,

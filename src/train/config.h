@@ -40,6 +40,7 @@ struct TrainConfig {
   // loop, evaluation, output
   int eval_every = 1;
   int save_every = 1;
+  int keep_checkpoints = 3;         // newest checkpoints kept in <out>/checkpoints; 0: all
   int64_t max_steps_per_epoch = 0;  // 0: whole epoch (benchmarks cap it)
   int64_t log_every_steps = 0;      // 0: only per-epoch lines
   std::string progress = "auto";    // auto | on | off: the in-place progress bar on rank 0
