@@ -1,12 +1,33 @@
 #!/usr/bin/env bash
-# Scaling benchmark: the same batch per rank at 1 rank and at 2 ranks (one CPU
-# thread each), measured in one run, plus 2 ranks with the gradient allreduce
-# switched off so that the exposed communication shows.
+# Scaling report: samples/s of vqa_train at 1, 2, ... N ranks with the same
+# batch per rank (one CPU thread each), its efficiency and per-step phase
+# breakdown, next to PyTorch DDP running the same model, loss, optimiser and
+# batch (jobs/ddp_reference.py), all measured in one run.
 #
 #   jobs/bench_scaling.sh [build-dir] [extra vqa_train flags]
 #
-# Prints samples/s for each and the efficiency S2 / (2 x S1), from the last
-# epoch of each run (the first pays for warm-up), median over --repeats runs.
+# Settings (environment):
+#   PRESET=small          model preset (tiny | small), for both implementations
+#   BATCH_PER_RANK=16     samples per rank per optimiser step (no accumulation)
+#   STEPS=8               timed optimiser steps; vqa_train runs 2 epochs of STEPS
+#                         steps and the first is warm-up, DDP gets STEPS warm-up steps
+#   REPEATS=3             runs of everything; the table shows medians
+#   RANKS="1 2"           rank counts; mpirun gets --oversubscribe beyond the core count
+#   IMAGE_SIZE=96         synthetic images' side (a multiple of the preset's patch size)
+#   OUT_DIR=runs/scaling  gets scaling.txt (this output), scaling.csv, scaling.png
+#                         and runs.csv (every single measurement)
+#   DDP=1                 0: leave out the PyTorch DDP reference
+#   CONTROLS=1            0: leave out the controls at 2 ranks (allreduce off; two
+#                         independent 1-rank jobs at once, the machine's ceiling)
+#   PYTHON=               an interpreter that can `import torch` (default: the
+#                         first of python3, /usr/bin/python3 that can)
+#
+# samples/s is the last epoch's (vqa_train's metrics.jsonl) or the timed steps'
+# (DDP) on rank 0; efficiency is S_N / (N x S_1); the phases are vqa_train's
+# per-step means over all steps of all ranks, in ms ("n/a" from a vqa_train
+# without phase timers). Before timing anything the script checks that both
+# models have the same parameter count and stops if they do not. The defaults
+# take about 6 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -16,29 +37,111 @@ batch=${BATCH_PER_RANK:-16}
 steps=${STEPS:-8}
 repeats=${REPEATS:-3}
 image_size=${IMAGE_SIZE:-96}
+read -r -a ranks_list <<<"${RANKS:-1 2}"
+out_dir=${OUT_DIR:-runs/scaling}
+with_ddp=${DDP:-1}
+with_controls=${CONTROLS:-1}
 
+die() {
+  echo "bench_scaling.sh: $*" >&2
+  exit 1
+}
+for n in "${ranks_list[@]}"; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || die "RANKS must be positive integers, got '${RANKS:-}'"
+done
+((${#ranks_list[@]})) || die "RANKS is empty"
+for tool in vqa_prep vqa_train; do
+  [[ -x $build/$tool ]] || die "$build/$tool not found; build it (cmake --build $build) or pass the build directory"
+done
+command -v gnuplot >/dev/null || die "gnuplot not found (Debian: gnuplot-nox, in env/setup.sh)"
+max_ranks=$(printf '%s\n' "${ranks_list[@]}" | sort -n | tail -n 1)
+has_two=0
+for n in "${ranks_list[@]}"; do [[ $n == 2 ]] && has_two=1; done
+
+python=""
+if [[ $with_ddp == 1 ]]; then
+  for candidate in ${PYTHON:+"$PYTHON"} python3 /usr/bin/python3; do
+    if command -v "$candidate" >/dev/null && "$candidate" -c 'import torch' 2>/dev/null; then
+      python=$candidate
+      break
+    fi
+  done
+  [[ -n $python ]] || die "no python3 that can import torch (Debian: python3-torch, in env/setup.sh); set PYTHON, or DDP=0"
+fi
+json_python=${python:-python3}
+
+mkdir -p "$out_dir"
 work=$(mktemp -d "${TMPDIR:-/tmp}/vqa-scaling-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 "$build/vqa_prep" synth -o "$work/synth.h5" --image-size "$image_size" \
-  --train-questions $((batch * 2 * steps * 2)) --test-questions 64 >/dev/null
+  --train-questions $((batch * max_ranks * steps * 2)) --test-questions 64 >/dev/null
+# "answers: K labels; tokenizer: word, V entries; max question length L"
+read -r num_answers vocab_size question_length < <("$build/vqa_prep" inspect "$work/synth.h5" --records 0 |
+  sed -nE 's/^answers: ([0-9]+) labels; .*, ([0-9]+) entries; max question length ([0-9]+).*/\1 \2 \3/p')
+[[ -n ${question_length:-} ]] || die "could not read the dataset's sizes from vqa_prep inspect"
 
+cores=$(nproc)
 mpirun_flags=(--bind-to none)
 [[ $(id -u) -eq 0 ]] && mpirun_flags+=(--allow-run-as-root)
 
-# run NAME RANKS [flags...] -> prints the last epoch's samples/s
-run() {
+# One line of numbers from the last epoch of <run>/metrics.jsonl:
+# samples/s, then the mean ms per step of data_wait h2d forward backward
+# comm_exposed optimizer ("n/a" where the record has no phases).
+metrics_row() {
+  "$json_python" - "$1" <<'EOF'
+import json, sys
+lines = [line for line in open(sys.argv[1]) if line.strip()]
+record = json.loads(lines[-1])
+phases = record.get("phases", {})
+row = ["%.4f" % record["samples_per_second"]]
+for key in ("data_wait", "h2d", "forward", "backward", "comm_exposed", "optimizer"):
+    value = phases.get(key, {}).get("mean")
+    row.append("n/a" if value is None else "%.3f" % (1000 * value))
+print(" ".join(row))
+EOF
+}
+
+# run_vqa NAME RANKS [flags...] -> prints metrics_row of the last epoch
+run_vqa() {
   local name=$1 ranks=$2
   shift 2
-  mpirun -np "$ranks" "${mpirun_flags[@]}" -x OMP_NUM_THREADS=1 "$build/vqa_train" \
+  local flags=("${mpirun_flags[@]}")
+  ((ranks > cores)) && flags+=(--oversubscribe)
+  mpirun -np "$ranks" "${flags[@]}" -x OMP_NUM_THREADS=1 "$build/vqa_train" \
     --train-data "$work/synth.h5" --out "$work/$name" --preset "$preset" --threads 1 \
     --batch-per-rank "$batch" --global-batch $((batch * ranks)) --epochs 2 \
     --max-steps-per-epoch "$steps" --eval-every 0 --save-every 0 --progress off "$@" >"$work/$name.log" 2>&1 ||
-    { cat "$work/$name.log" >&2; exit 1; }
-  tail -n 1 "$work/$name/metrics.jsonl" | sed -E 's/.*"samples_per_second":([0-9.eE+-]+).*/\1/'
+    { cat "$work/$name.log" >&2; die "vqa_train run $name failed"; }
+  metrics_row "$work/$name/metrics.jsonl"
 }
 
-median() { sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
-calc() { awk "BEGIN {print $1}"; }
+ddp_flags=(--preset "$preset" --batch-per-rank "$batch" --vocab-size "$vocab_size"
+  --num-answers "$num_answers" --image-size "$image_size" --question-length "$question_length")
+
+# run_ddp NAME RANKS -> prints the DDP reference's samples/s
+run_ddp() {
+  local name=$1 ranks=$2
+  "$python" jobs/ddp_reference.py "${ddp_flags[@]}" --ranks "$ranks" --steps "$steps" \
+    --warmup-steps "$steps" >"$work/$name.json" 2>"$work/$name.log" ||
+    { cat "$work/$name.log" >&2; die "jobs/ddp_reference.py run $name failed"; }
+  "$json_python" -c 'import json, sys; print("%.4f" % json.loads(open(sys.argv[1]).readlines()[-1])["samples_per_second"])' \
+    "$work/$name.json"
+}
+
+# Both models must have the same parameter count, or the comparison means nothing.
+check_parameter_counts() {
+  local log=$1 ours theirs
+  ours=$(sed -nE 's/^model: .*, ([0-9]+) parameters$/\1/p' "$log" | head -n 1)
+  [[ -n $ours ]] || die "no 'model: ... N parameters' line in $log"
+  theirs=$("$python" jobs/ddp_reference.py "${ddp_flags[@]}" --count-only |
+    "$json_python" -c 'import json, sys; print(json.load(sys.stdin)["parameters"])')
+  if [[ $ours != "$theirs" ]]; then
+    echo "vqa_train:         $(grep '^model:' "$log")" >&2
+    echo "ddp_reference.py:  $("$python" jobs/ddp_reference.py "${ddp_flags[@]}" --count-only)" >&2
+    die "PARAMETER COUNTS DIFFER: vqa_train $ours, ddp_reference.py $theirs; the two models are not the same"
+  fi
+  echo "$ours"
+}
 
 # Two independent 1-rank jobs at once share nothing but the machine: their
 # summed samples/s is what two ranks could reach with free communication, so
@@ -47,34 +150,112 @@ calc() { awk "BEGIN {print $1}"; }
 pair_concurrent() {
   local name=$1
   shift
-  run "$name-a" 1 "$@" >"$work/$name-a.sps" &
+  run_vqa "$name-a" 1 "$@" >"$work/$name-a.row" &
   local pid=$!
-  run "$name-b" 1 "$@" >"$work/$name-b.sps"
+  run_vqa "$name-b" 1 "$@" >"$work/$name-b.row"
   wait "$pid"
-  calc "$(cat "$work/$name-a.sps") + $(cat "$work/$name-b.sps")"
+  awk '{s += $1} END {printf "%.4f\n", s}' "$work/$name-a.row" "$work/$name-b.row"
 }
 
-s1=() s2=() s2off=() sind=()
-for r in $(seq "$repeats"); do
-  s1+=("$(run "one-$r" 1 "$@")")
-  s2+=("$(run "two-$r" 2 "$@")")
-  s2off+=("$(run "two-nocomm-$r" 2 --no-comm "$@")")
-  sind+=("$(pair_concurrent "independent-$r" "$@")")
-done
-m1=$(printf '%s\n' "${s1[@]}" | median)
-m2=$(printf '%s\n' "${s2[@]}" | median)
-m2off=$(printf '%s\n' "${s2off[@]}" | median)
-mind=$(printf '%s\n' "${sind[@]}" | median)
+# Every measurement goes to runs.csv as "impl,ranks,repeat,samples/s,phases...".
+runs_csv=$out_dir/runs.csv
+echo "impl,ranks,repeat,samples_per_second,data_wait_ms,h2d_ms,forward_ms,backward_ms,comm_exposed_ms,optimizer_ms" >"$runs_csv"
+record() { # impl ranks repeat values...
+  local impl=$1 ranks=$2 repeat=$3
+  shift 3
+  local IFS=,
+  echo "$impl,$ranks,$repeat,$*" >>"$runs_csv"
+}
 
-echo "# vqa-hpc scaling: preset $preset, $batch samples per rank per step, 1 thread per rank, $steps steps per epoch, median of $repeats runs"
-printf '%-28s %12s %14s\n' "run" "samples/s" "step time (s)"
-printf '%-28s %12.2f %14.3f\n' "1 rank" "$m1" "$(calc "$batch / $m1")"
-printf '%-28s %12.2f %14.3f\n' "2 ranks" "$m2" "$(calc "2 * $batch / $m2")"
-printf '%-28s %12.2f %14.3f\n' "2 ranks, allreduce off" "$m2off" "$(calc "2 * $batch / $m2off")"
-printf '%-28s %12.2f %14.3f\n' "2 independent 1-rank jobs" "$mind" "$(calc "2 * $batch / $mind")"
-printf 'efficiency S2 / (2 x S1) = %.3f\n' "$(calc "$m2 / (2 * $m1)")"
-printf 'machine ceiling: 2 independent jobs / (2 x S1) = %.3f; 2 ranks / 2 independent jobs = %.3f\n' \
-  "$(calc "$mind / (2 * $m1)")" "$(calc "$m2 / $mind")"
-printf 'exposed communication at 2 ranks = %.1f%% of the step\n' \
-  "$(calc "100 * (1 - $m2 / $m2off)")"
-echo "runs: 1 rank ${s1[*]}; 2 ranks ${s2[*]}; 2 ranks no allreduce ${s2off[*]}; 2 independent ${sind[*]}"
+parameters=""
+for r in $(seq "$repeats"); do
+  for n in "${ranks_list[@]}"; do
+    read -r -a row <<<"$(run_vqa "vqa-$n-$r" "$n" "$@")"
+    record vqa-hpc "$n" "$r" "${row[@]}"
+    if [[ $with_ddp == 1 ]]; then
+      [[ -n $parameters ]] || parameters=$(check_parameter_counts "$work/vqa-$n-$r/train.log")
+      record pytorch-ddp "$n" "$r" "$(run_ddp "ddp-$n-$r" "$n")" n/a n/a n/a n/a n/a n/a
+    fi
+  done
+  if [[ $with_controls == 1 && $has_two == 1 ]]; then
+    read -r -a row <<<"$(run_vqa "nocomm-2-$r" 2 --no-comm "$@")"
+    record "vqa-hpc-allreduce-off" 2 "$r" "${row[@]}"
+    record "independent-1-rank-jobs" 2 "$r" "$(pair_concurrent "independent-$r" "$@")" n/a n/a n/a n/a n/a n/a
+  fi
+done
+[[ -n $parameters ]] || parameters=$(sed -nE 's/^model: .*, ([0-9]+) parameters$/\1/p' "$work/vqa-${ranks_list[0]}-1/train.log")
+
+# Medians per (impl, ranks), efficiency against the same impl's 1-rank row
+# (or its smallest rank count), ratio vqa-hpc / DDP; the table as text and CSV.
+"$json_python" - "$runs_csv" "$out_dir/scaling.csv" "$batch" <<'EOF' >"$work/table.txt"
+import csv, sys
+runs_path, table_path, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+phase_names = ["data_wait_ms", "h2d_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms"]
+groups = {}
+for row in csv.DictReader(open(runs_path)):
+    groups.setdefault((row["impl"], int(row["ranks"])), []).append(row)
+
+def median(values):
+    values = sorted(values)
+    return values[(len(values) - 1) // 2] if values else None
+
+def number(text):
+    return None if text in ("", "n/a") else float(text)
+
+table = {}
+for (impl, ranks), rows in groups.items():
+    entry = {"sps": median([float(r["samples_per_second"]) for r in rows]), "runs": [float(r["samples_per_second"]) for r in rows]}
+    for name in phase_names:
+        values = [number(r[name]) for r in rows]
+        entry[name] = None if None in values else median(values)
+    table[(impl, ranks)] = entry
+
+order = ["vqa-hpc", "pytorch-ddp", "vqa-hpc-allreduce-off", "independent-1-rank-jobs"]
+keys = sorted(table, key=lambda k: (order.index(k[0]) if k[0] in order else 99, k[1]))
+def fmt(value, spec):
+    return "n/a" if value is None else format(value, spec)
+
+header = ["impl", "ranks", "samples/s", "step_ms", "efficiency", "vs_ddp"] + [n[:-3] for n in phase_names]
+print("%-24s %5s %10s %8s %10s %7s %9s %7s %8s %9s %12s %9s" % tuple(header))
+with open(table_path, "w", newline="") as out:
+    writer = csv.writer(out)
+    writer.writerow(["impl", "ranks", "samples_per_second", "step_ms", "efficiency", "ratio_vs_ddp"] + phase_names + ["runs"])
+    for impl, ranks in keys:
+        e = table[(impl, ranks)]
+        base_impl = impl if impl in ("vqa-hpc", "pytorch-ddp") else "vqa-hpc"
+        base_ranks = min(r for i, r in table if i == base_impl)
+        base = table[(base_impl, base_ranks)]["sps"]
+        efficiency = e["sps"] / (ranks / base_ranks * base)
+        ddp = table.get(("pytorch-ddp", ranks))
+        ratio = e["sps"] / ddp["sps"] if impl == "vqa-hpc" and ddp else None
+        step_ms = 1000.0 * batch * ranks / e["sps"]
+        print("%-24s %5d %10.2f %8.1f %10.3f %7s %9s %7s %8s %9s %12s %9s" % (
+            impl, ranks, e["sps"], step_ms, efficiency, fmt(ratio, ".2f"),
+            *[fmt(e[n], ".1f") for n in phase_names]))
+        writer.writerow([impl, ranks, "%.4f" % e["sps"], "%.2f" % step_ms, "%.4f" % efficiency,
+                         fmt(ratio, ".4f")] + [fmt(e[n], ".3f") for n in phase_names] +
+                        [" ".join("%.2f" % v for v in e["runs"])])
+EOF
+
+{
+  echo "# vqa-hpc scaling: preset $preset ($parameters parameters), $batch samples per rank per step, 1 thread per rank, $steps timed steps, median of $repeats runs; $cores cores"
+  echo "# efficiency = S_N / (N x S_1) of the same implementation; vs_ddp = vqa-hpc / PyTorch DDP at the same ranks;"
+  echo "# phases: ms per step, mean over all steps of all ranks (vqa_train's phase timers)"
+  cat "$work/table.txt"
+  if [[ $with_controls == 1 && $has_two == 1 ]]; then
+    awk -F, -v batch="$batch" '
+      NR > 1 { s[$1 "," $2] = $3 }
+      END {
+        s1 = s["vqa-hpc,1"]; s2 = s["vqa-hpc,2"]; off = s["vqa-hpc-allreduce-off,2"]; ind = s["independent-1-rank-jobs,2"]
+        if (s1 > 0) printf "efficiency S2 / (2 x S1) = %.3f\n", s2 / (2 * s1)
+        if (s1 > 0) printf "machine ceiling: 2 independent jobs / (2 x S1) = %.3f; 2 ranks / 2 independent jobs = %.3f\n", ind / (2 * s1), s2 / ind
+        printf "exposed communication at 2 ranks (against allreduce off) = %.1f%% of the step\n", 100 * (1 - s2 / off)
+      }' "$out_dir/scaling.csv"
+  fi
+  echo "runs (samples/s per repeat):"
+  awk -F, 'NR > 1 { printf "  %s x%s: %s\n", $1, $2, $NF }' "$out_dir/scaling.csv"
+} | tee "$out_dir/scaling.txt"
+
+gnuplot -e "csv='$out_dir/scaling.csv'; png='$out_dir/scaling.png'; title='vqa-hpc scaling, preset $preset, $batch samples/rank/step'" \
+  jobs/scaling_plot.gp
+echo "wrote $out_dir/scaling.txt, $out_dir/scaling.csv, $out_dir/scaling.png, $runs_csv"
