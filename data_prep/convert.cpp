@@ -5,169 +5,20 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
-#include <unordered_map>
 
-#include "convert_images.h"  // image_resolve_path, image_load_all, FeatureSource
-#include "data/format.h"     // DataFormatError, kAnswerType*
-#include "text.h"            // WordTokenizer, answer_normalize
-#include "writer.h"          // DatasetWriter
+#include "convert_images.h"   // image_load_all, FeatureSource
+#include "convert_records.h"  // Record, records_read_split, records_build_labels
+#include "data/format.h"      // DataFormatError, kAnswerType*
+#include "text.h"             // WordTokenizer
+#include "writer.h"           // DatasetWriter
 
 namespace vqa::prep {
 
 namespace {
 
 constexpr size_t kImageChunk = 256;  // images decoded at a time: bounds memory
-
-struct Record {
-  std::string file;
-  size_t index = 0;
-  int64_t qid = 0;
-  std::string image_name, image_path, question, answer, normalized_answer, question_type;
-  int answer_type = 0;
-};
-
-// Bad records: reported with file, record and field, skipped and counted;
-// with --strict the first one ends the run.
-class Problems {
- public:
-  explicit Problems(bool strict) : strict_(strict) {}
-  void report(const std::string& file, size_t index, const std::string& qid,
-              const std::string& field, const std::string& message) {
-    const std::string text = file + ": record " + std::to_string(index) +
-                             (qid.empty() ? "" : " (qid " + qid + ")") + ": field '" + field +
-                             "': " + message;
-    if (strict_) throw data::DataFormatError(text + " (--strict)");
-    std::fprintf(stderr, "vqa_prep convert: skipping %s\n", text.c_str());
-    ++count_;
-  }
-  int64_t count() const { return count_; }
-
- private:
-  bool strict_;
-  int64_t count_ = 0;
-};
-
-std::string json_text(const nlohmann::json& value) {
-  if (value.is_string()) return value.get<std::string>();
-  if (value.is_number_integer()) return std::to_string(value.get<int64_t>());
-  return value.dump();
-}
-
-std::string upper_trimmed(const std::string& text) {
-  std::string result = text_collapse_whitespace(text);
-  for (char& c : result) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return result;
-}
-
-// One record, or false when it is bad (reported) or in another language.
-bool parse_record(const nlohmann::json& item, const std::string& file, size_t index,
-                  const ConvertOptions& options, Problems& problems, Record& record,
-                  int64_t& other_language) {
-  if (!item.is_object()) {
-    problems.report(file, index, "", "(record)", "is not a JSON object");
-    return false;
-  }
-  if (item.contains("q_lang") && json_text(item["q_lang"]) != options.language) {
-    ++other_language;
-    return false;
-  }
-  record.file = file;
-  record.index = index;
-  const std::string qid_text = item.contains("qid") ? json_text(item["qid"]) : "";
-  auto bad = [&](const std::string& field, const std::string& message) {
-    problems.report(file, index, qid_text, field, message);
-    return false;
-  };
-  if (!item.contains("qid")) return bad("qid", "is missing");
-  const auto& qid = item["qid"];
-  if (qid.is_number_integer()) {
-    record.qid = qid.get<int64_t>();
-  } else if (qid.is_string() && !qid_text.empty() && qid_text.size() < 19 &&
-             std::all_of(qid_text.begin(), qid_text.end(), ::isdigit)) {
-    record.qid = std::stoll(qid_text);
-  } else {
-    return bad("qid", "'" + qid_text + "' is not an integer");
-  }
-  const char* image_field = item.contains("image_name") ? "image_name" : "img_name";
-  if (!item.contains(image_field) || !item[image_field].is_string()) {
-    return bad("image_name", "is missing or not a string (VQA-RAD: image_name, SLAKE: img_name)");
-  }
-  record.image_name = item[image_field].get<std::string>();
-  std::string error;
-  if (options.features.empty()) {
-    record.image_path = image_resolve_path(options.image_dir, record.image_name, error);
-  } else {
-    // Features are looked up by name, but a name that escapes is bad input all the same.
-    image_resolve_path(".", record.image_name, error);
-  }
-  if (!error.empty()) return bad(image_field, error);
-  if (!item.contains("question") || !item["question"].is_string() ||
-      text_collapse_whitespace(item["question"].get<std::string>()).empty()) {
-    return bad("question", "is missing or empty");
-  }
-  record.question = text_collapse_whitespace(item["question"].get<std::string>());
-  if (!item.contains("answer") || item["answer"].is_null()) return bad("answer", "is missing");
-  record.answer = text_collapse_whitespace(json_text(item["answer"]));
-  record.normalized_answer = answer_normalize(record.answer);
-  if (record.normalized_answer.empty()) {
-    return bad("answer", "'" + record.answer + "' is empty after normalisation");
-  }
-  const std::string type =
-      item.contains("answer_type") ? upper_trimmed(json_text(item["answer_type"])) : "";
-  if (type == "CLOSED") {
-    record.answer_type = data::kAnswerTypeClosed;
-  } else if (type == "OPEN") {
-    record.answer_type = data::kAnswerTypeOpen;
-  } else {
-    return bad("answer_type", "unknown value '" + type + "' (expected CLOSED or OPEN)");
-  }
-  for (const char* field : {"question_type", "content_type"}) {
-    if (item.contains(field)) {
-      record.question_type = upper_trimmed(json_text(item[field]));
-      break;
-    }
-  }
-  return true;
-}
-
-std::vector<Record> read_split(const std::vector<std::string>& files, const ConvertOptions& options,
-                               Problems& problems, int64_t& other_language) {
-  std::vector<Record> records;
-  std::unordered_map<int64_t, std::string> first_seen;
-  for (const std::string& file : files) {
-    std::ifstream stream(file);
-    if (!stream) throw data::DataFormatError(file + ": cannot open the JSON file");
-    nlohmann::json document;
-    try {
-      document = nlohmann::json::parse(stream);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw data::DataFormatError(file + ": malformed JSON: " + e.what());
-    }
-    if (!document.is_array()) {
-      throw data::DataFormatError(file +
-                                  ": malformed JSON: the top level must be an array of records");
-    }
-    for (size_t index = 0; index < document.size(); ++index) {
-      Record record;
-      if (!parse_record(document[index], file, index, options, problems, record, other_language))
-        continue;
-      const std::string where = file + " record " + std::to_string(index);
-      auto [it, inserted] = first_seen.emplace(record.qid, where);
-      if (!inserted) {
-        problems.report(
-            file, index, std::to_string(record.qid), "qid",
-            "duplicate qid " + std::to_string(record.qid) + " (first at " + it->second + ")");
-        continue;
-      }
-      records.push_back(std::move(record));
-    }
-  }
-  return records;
-}
 
 struct ImageStats {
   std::array<double, 3> sum{}, square{};
@@ -178,7 +29,8 @@ struct ImageStats {
 // whose image cannot be read. Returns image row per kept record.
 std::vector<int32_t> write_images(const std::string& split, std::vector<Record>& records,
                                   const ConvertOptions& options, FeatureSource* features,
-                                  DatasetWriter& writer, Problems& problems, ImageStats* stats) {
+                                  DatasetWriter& writer, RecordProblems& problems,
+                                  ImageStats* stats) {
   std::vector<std::string> names;
   std::map<std::string, std::string> paths;
   for (const Record& r : records) {
@@ -247,20 +99,6 @@ std::vector<int32_t> write_images(const std::string& split, std::vector<Record>&
   return image_rows;
 }
 
-// Label set: answers by frequency, then alphabetically (deterministic ids).
-std::vector<std::string> build_labels(const std::vector<const std::vector<Record>*>& sources) {
-  std::map<std::string, int64_t> counts;
-  for (const auto* records : sources) {
-    for (const Record& r : *records) ++counts[r.normalized_answer];
-  }
-  std::vector<std::pair<std::string, int64_t>> sorted(counts.begin(), counts.end());
-  std::stable_sort(sorted.begin(), sorted.end(),
-                   [](const auto& a, const auto& b) { return a.second > b.second; });
-  std::vector<std::string> labels;
-  for (const auto& entry : sorted) labels.push_back(entry.first);
-  return labels;
-}
-
 }  // namespace
 
 void convert_run(const ConvertOptions& options) {
@@ -277,10 +115,17 @@ void convert_run(const ConvertOptions& options) {
                                 std::to_string(data::kMaxImageSize) + " and --max-len 2.." +
                                 std::to_string(data::kMaxQuestionLength));
   }
-  Problems problems(options.strict);
-  int64_t other_language = 0;
-  std::vector<Record> train = read_split(options.train_json, options, problems, other_language);
-  std::vector<Record> test = read_split(options.test_json, options, problems, other_language);
+  RecordProblems problems(options.strict);
+  RecordOptions record_options;
+  record_options.image_dir = options.image_dir;
+  record_options.features = !options.features.empty();
+  record_options.language = options.language;
+  record_options.strict = options.strict;
+  RecordSplit train_split = records_read_split(options.train_json, record_options, problems);
+  RecordSplit test_split = records_read_split(options.test_json, record_options, problems);
+  std::vector<Record>& train = train_split.records;
+  std::vector<Record>& test = test_split.records;
+  const int64_t other_language = train_split.other_language + test_split.other_language;
 
   std::unique_ptr<FeatureSource> features;
   if (!options.features.empty()) {
@@ -312,8 +157,8 @@ void convert_run(const ConvertOptions& options) {
   header.tokenizer = tokenizer->kind();
   header.token_vocabulary = tokenizer->vocabulary();
   header.created_by = options.created_by;
-  header.answer_labels =
-      options.include_test_answers ? build_labels({&train, &test}) : build_labels({&train});
+  header.answer_labels = options.include_test_answers ? records_build_labels({&train, &test})
+                                                      : records_build_labels({&train});
   std::set<std::string> types;
   for (const auto* records : {&train, &test}) {
     for (const Record& r : *records) types.insert(r.question_type);

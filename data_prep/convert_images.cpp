@@ -12,41 +12,6 @@ namespace vqa::prep {
 
 namespace fs = std::filesystem;
 
-std::string image_resolve_path(const std::string& image_dir, const std::string& image_name,
-                               std::string& error) {
-  error.clear();
-  const fs::path name(image_name);
-  if (image_name.empty()) {
-    error = "is empty";
-    return "";
-  }
-  if (name.is_absolute() || name.has_root_directory() || name.has_root_name()) {
-    error = "'" + image_name + "' is an absolute path; it must be relative to the image folder";
-    return "";
-  }
-  for (const auto& component : name) {
-    if (component == "..") {
-      error = "'" + image_name + "' contains '..' and would escape the image folder";
-      return "";
-    }
-  }
-  const fs::path full = fs::path(image_dir) / name;
-  // A symlink inside the folder may still point out of it.
-  std::error_code code;
-  const fs::path folder = fs::weakly_canonical(image_dir, code);
-  const fs::path resolved = fs::weakly_canonical(full, code);
-  if (!code) {
-    const auto mismatch =
-        std::mismatch(folder.begin(), folder.end(), resolved.begin(), resolved.end());
-    if (mismatch.first != folder.end()) {
-      error =
-          "'" + image_name + "' resolves to " + resolved.string() + ", outside the image folder";
-      return "";
-    }
-  }
-  return full.string();
-}
-
 std::string image_load_square(const std::string& file, int64_t size, std::vector<uint8_t>& chw) {
   std::error_code code;
   if (!fs::is_regular_file(file, code)) return "no such image file: " + file;

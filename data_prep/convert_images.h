@@ -1,6 +1,6 @@
-// Image and feature sources for `vqa_prep convert`: a checked path inside the
-// image folder, OpenCV decoding to the stored [3, S, S] RGB layout, and rows
-// of a precomputed-features file.
+// Image and feature sources for `vqa_prep convert`: OpenCV decoding to the
+// stored [3, S, S] RGB layout, and rows of a precomputed-features file. (The
+// checked path of an image inside its folder is in convert_records.h.)
 #pragma once
 
 #include <cstdint>
@@ -11,12 +11,6 @@
 #include "data/hdf5_util.h"  // Hdf5Id
 
 namespace vqa::prep {
-
-// The file for `image_name` inside `image_dir`, or an error text (empty on
-// success) when the name is absolute or leaves the folder ("..", a symlink
-// pointing out).
-std::string image_resolve_path(const std::string& image_dir, const std::string& image_name,
-                               std::string& error);
 
 // Decodes a JPEG/PNG file, resizes its shorter side to `size` (bicubic) and
 // crops the centre square, into uint8 [3, size, size] RGB. Returns an error

@@ -51,7 +51,7 @@ void inspect_run(const std::string& path, int64_t records) {
   const std::vector<std::string> splits = list_splits(path, created_by);
   bool header_printed = false;
   for (const std::string& split : splits) {
-    data::DatasetReader reader(path, split, /*use_mpio=*/false);
+    data::DatasetReader reader(path, split);  // default (POSIX) driver
     const data::DatasetInfo& info = reader.info();
     if (!header_printed) {
       header_printed = true;

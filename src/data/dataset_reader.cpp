@@ -6,8 +6,6 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "runtime/distributed.h"  // distributed_configure_mpio
-
 namespace vqa::data {
 
 namespace {
@@ -37,18 +35,6 @@ class Fingerprint {
  private:
   uint64_t hash_ = 0xCBF29CE484222325ull;
 };
-
-template <typename T>
-std::vector<T> read_rows(hid_t dataset, hid_t memory_type, const std::vector<int64_t>& sorted_rows,
-                         int64_t row_elements, const std::string& name, const std::string& path) {
-  std::vector<T> values(sorted_rows.size() * static_cast<size_t>(row_elements));
-  if (sorted_rows.empty()) return values;
-  Hdf5RowSelection selection = hdf5_select_rows(dataset, sorted_rows, name, path);
-  hdf5_try(H5Dread(dataset, memory_type, selection.memory_space.get(), selection.file_space.get(),
-                   H5P_DEFAULT, values.data()),
-           ("H5Dread('" + name + "')").c_str(), path);
-  return values;
-}
 
 // Rows of a chunked dataset stored one row per chunk, one read each: a union
 // of hyperslabs over chunks makes HDF5 1.10 map every element to its chunk
@@ -80,7 +66,7 @@ void DatasetReader::fail(const std::string& object, const std::string& problem) 
   throw DataFormatError(path_ + ": " + object + ": " + problem);
 }
 
-DatasetReader::DatasetReader(const std::string& path, const std::string& split, bool use_mpio)
+DatasetReader::DatasetReader(const std::string& path, const std::string& split, hid_t file_access)
     : path_(path), split_(split) {
   hdf5_silence_errors();
   info_.path = path;
@@ -90,10 +76,7 @@ DatasetReader::DatasetReader(const std::string& path, const std::string& split, 
     throw DataFormatError(path + ": no such dataset file");
   }
   if (H5Fis_hdf5(path.c_str()) <= 0) throw DataFormatError(path + ": not an HDF5 file");
-  Hdf5Id access(H5Pcreate(H5P_FILE_ACCESS));
-  hdf5_try(access.get(), "H5Pcreate(H5P_FILE_ACCESS)", path);
-  if (use_mpio) runtime::distributed_configure_mpio(access.get());
-  file_ = Hdf5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, access.get()));
+  file_ = Hdf5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, file_access));
   hdf5_try(file_.get(), "H5Fopen", path);
   validate_header();
   open_split_datasets();
@@ -267,20 +250,20 @@ void DatasetReader::validate_rows() {
   for (int64_t first = 0; first < n; first += kValidationBlockRows) {
     const int64_t count = std::min(kValidationBlockRows, n - first);
     const std::vector<int64_t> rows = row_range(first, count);
-    const auto tokens = read_rows<int32_t>(token_ids_.get(), H5T_NATIVE_INT32, rows, length,
-                                           prefix + kTokenIds, path_);
-    const auto mask = read_rows<uint8_t>(attention_mask_.get(), H5T_NATIVE_UINT8, rows, length,
-                                         prefix + kAttentionMask, path_);
-    const auto image_rows =
-        read_rows<int32_t>(image_row_.get(), H5T_NATIVE_INT32, rows, 1, prefix + kImageRow, path_);
-    const auto answer_types = read_rows<uint8_t>(answer_type_.get(), H5T_NATIVE_UINT8, rows, 1,
-                                                 prefix + kAnswerType, path_);
-    const auto question_types = read_rows<int32_t>(question_type_.get(), H5T_NATIVE_INT32, rows, 1,
-                                                   prefix + kQuestionType, path_);
-    const auto labels = read_rows<int32_t>(target_labels_.get(), H5T_NATIVE_INT32, rows,
-                                           max_targets_, prefix + kTargetLabels, path_);
-    const auto scores = read_rows<float>(target_scores_.get(), H5T_NATIVE_FLOAT, rows, max_targets_,
-                                         prefix + kTargetScores, path_);
+    const auto tokens = hdf5_read_rows<int32_t>(token_ids_.get(), H5T_NATIVE_INT32, rows, length,
+                                                prefix + kTokenIds, path_);
+    const auto mask = hdf5_read_rows<uint8_t>(attention_mask_.get(), H5T_NATIVE_UINT8, rows, length,
+                                              prefix + kAttentionMask, path_);
+    const auto image_rows = hdf5_read_rows<int32_t>(image_row_.get(), H5T_NATIVE_INT32, rows, 1,
+                                                    prefix + kImageRow, path_);
+    const auto answer_types = hdf5_read_rows<uint8_t>(answer_type_.get(), H5T_NATIVE_UINT8, rows, 1,
+                                                      prefix + kAnswerType, path_);
+    const auto question_types = hdf5_read_rows<int32_t>(question_type_.get(), H5T_NATIVE_INT32,
+                                                        rows, 1, prefix + kQuestionType, path_);
+    const auto labels = hdf5_read_rows<int32_t>(target_labels_.get(), H5T_NATIVE_INT32, rows,
+                                                max_targets_, prefix + kTargetLabels, path_);
+    const auto scores = hdf5_read_rows<float>(target_scores_.get(), H5T_NATIVE_FLOAT, rows,
+                                              max_targets_, prefix + kTargetScores, path_);
     for (int64_t i = 0; i < count; ++i) {
       const int64_t row = first + i;
       for (int64_t t = 0; t < length; ++t) {
@@ -321,103 +304,66 @@ void DatasetReader::validate_rows() {
   }
 }
 
-Batch DatasetReader::read_batch(const std::vector<int64_t>& rows, const std::vector<float>& valid) {
-  const auto batch_size = static_cast<int64_t>(rows.size());
-  std::vector<int64_t> unique_rows = rows;
-  std::sort(unique_rows.begin(), unique_rows.end());
-  unique_rows.erase(std::unique(unique_rows.begin(), unique_rows.end()), unique_rows.end());
-  if (!unique_rows.empty() &&
-      (unique_rows.front() < 0 || unique_rows.back() >= info_.num_questions)) {
-    fail("read_batch", "question row out of range");
-  }
-  // position[i]: where batch row i sits among the unique rows read.
-  std::vector<int64_t> position(rows.size());
+void DatasetReader::check_rows(const std::vector<int64_t>& rows, int64_t limit,
+                               const char* what) const {
   for (size_t i = 0; i < rows.size(); ++i) {
-    position[i] =
-        std::lower_bound(unique_rows.begin(), unique_rows.end(), rows[i]) - unique_rows.begin();
-  }
-  const auto order = torch::tensor(position, torch::kInt64);
-  const int64_t u = static_cast<int64_t>(unique_rows.size()), length = info_.max_question_length;
-  const std::string prefix = "/" + split_ + "/";
-  auto tokens = read_rows<int64_t>(token_ids_.get(), H5T_NATIVE_INT64, unique_rows, length,
-                                   prefix + kTokenIds, path_);
-  auto mask = read_rows<int64_t>(attention_mask_.get(), H5T_NATIVE_INT64, unique_rows, length,
-                                 prefix + kAttentionMask, path_);
-  auto image_rows = read_rows<int64_t>(image_row_.get(), H5T_NATIVE_INT64, unique_rows, 1,
-                                       prefix + kImageRow, path_);
-  auto answer_types = read_rows<int64_t>(answer_type_.get(), H5T_NATIVE_INT64, unique_rows, 1,
-                                         prefix + kAnswerType, path_);
-  auto question_ids = read_rows<int64_t>(question_id_.get(), H5T_NATIVE_INT64, unique_rows, 1,
-                                         prefix + kQuestionId, path_);
-  const auto labels = read_rows<int32_t>(target_labels_.get(), H5T_NATIVE_INT32, unique_rows,
-                                         max_targets_, prefix + kTargetLabels, path_);
-  const auto scores = read_rows<float>(target_scores_.get(), H5T_NATIVE_FLOAT, unique_rows,
-                                       max_targets_, prefix + kTargetScores, path_);
-
-  Batch batch;
-  auto as_tensor = [&](std::vector<int64_t>& values, std::vector<int64_t> shape) {
-    return torch::from_blob(values.data(), shape, torch::kInt64).index_select(0, order);
-  };
-  batch.token_ids = as_tensor(tokens, {u, length});
-  batch.attention_mask = as_tensor(mask, {u, length});
-  batch.answer_type = as_tensor(answer_types, {u});
-  batch.question_ids = as_tensor(question_ids, {u});
-  batch.valid = torch::tensor(valid, torch::kFloat32);
-
-  auto targets = torch::zeros({u, info_.num_answers}, torch::kFloat32);
-  auto* target_data = targets.data_ptr<float>();
-  for (int64_t i = 0; i < u; ++i) {
-    for (int64_t m = 0; m < max_targets_; ++m) {
-      const int32_t label = labels[i * max_targets_ + m];
-      if (label < -1 || label >= info_.num_answers) {
-        fail("dataset '" + prefix + kTargetLabels + "' row " + std::to_string(unique_rows[i]),
-             "label " + std::to_string(label) + " out of range");
-      }
-      if (label >= 0) target_data[i * info_.num_answers + label] = scores[i * max_targets_ + m];
+    if (rows[i] < 0 || rows[i] >= limit || (i > 0 && rows[i] <= rows[i - 1])) {
+      fail(what, "row " + std::to_string(rows[i]) + " is out of range [0, " +
+                     std::to_string(limit) + ") or not sorted and unique");
     }
   }
-  batch.targets = targets.index_select(0, order);
+}
 
-  // Images: each distinct row once, however many questions in the batch use it.
-  std::vector<int64_t> unique_images = image_rows;
-  std::sort(unique_images.begin(), unique_images.end());
-  unique_images.erase(std::unique(unique_images.begin(), unique_images.end()), unique_images.end());
-  if (!unique_images.empty() &&
-      (unique_images.front() < 0 || unique_images.back() >= info_.num_images)) {
-    fail("dataset '" + prefix + kImageRow + "'", "image row out of range");
+QuestionRows DatasetReader::read_question_rows(const std::vector<int64_t>& rows) {
+  check_rows(rows, info_.num_questions, "read_question_rows");
+  const int64_t length = info_.max_question_length;
+  const std::string prefix = "/" + split_ + "/";
+  QuestionRows result;
+  result.token_ids = hdf5_read_rows<int64_t>(token_ids_.get(), H5T_NATIVE_INT64, rows, length,
+                                             prefix + kTokenIds, path_);
+  result.attention_mask = hdf5_read_rows<int64_t>(attention_mask_.get(), H5T_NATIVE_INT64, rows,
+                                                  length, prefix + kAttentionMask, path_);
+  result.image_row = hdf5_read_rows<int64_t>(image_row_.get(), H5T_NATIVE_INT64, rows, 1,
+                                             prefix + kImageRow, path_);
+  result.answer_type = hdf5_read_rows<int64_t>(answer_type_.get(), H5T_NATIVE_INT64, rows, 1,
+                                               prefix + kAnswerType, path_);
+  result.question_id = hdf5_read_rows<int64_t>(question_id_.get(), H5T_NATIVE_INT64, rows, 1,
+                                               prefix + kQuestionId, path_);
+  result.labels = hdf5_read_rows<int32_t>(target_labels_.get(), H5T_NATIVE_INT32, rows,
+                                          max_targets_, prefix + kTargetLabels, path_);
+  result.scores = hdf5_read_rows<float>(target_scores_.get(), H5T_NATIVE_FLOAT, rows, max_targets_,
+                                        prefix + kTargetScores, path_);
+  // Validated on open; checked again because the batch code indexes with them.
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (result.image_row[i] < 0 || result.image_row[i] >= info_.num_images) {
+      fail("dataset '" + prefix + kImageRow + "' row " + std::to_string(rows[i]),
+           "value " + std::to_string(result.image_row[i]) + " is out of range");
+    }
   }
-  std::vector<int64_t> image_position(image_rows.size());
-  for (size_t i = 0; i < image_rows.size(); ++i) {
-    image_position[i] =
-        std::lower_bound(unique_images.begin(), unique_images.end(), image_rows[i]) -
-        unique_images.begin();
+  for (size_t i = 0; i < result.labels.size(); ++i) {
+    if (result.labels[i] < -1 || result.labels[i] >= info_.num_answers) {
+      fail("dataset '" + prefix + kTargetLabels + "' row " +
+               std::to_string(rows[i / static_cast<size_t>(max_targets_)]),
+           "label " + std::to_string(result.labels[i]) + " is out of range");
+    }
   }
-  const auto image_order = torch::tensor(image_position, torch::kInt64).index_select(0, order);
-  const auto ui = static_cast<int64_t>(unique_images.size());
-  if (info_.has_features) {
-    const int64_t per_image = info_.feature_tokens * info_.feature_dim;
-    auto features = read_chunk_rows<float>(images_.get(), H5T_NATIVE_FLOAT, unique_images,
-                                           per_image, prefix + kFeatures, path_);
-    batch.images = torch::from_blob(features.data(), {ui, info_.feature_tokens, info_.feature_dim},
-                                    torch::kFloat32)
-                       .index_select(0, image_order);
-  } else {
-    const int64_t size = info_.image_size;
-    auto pixels = read_chunk_rows<uint8_t>(images_.get(), H5T_NATIVE_UINT8, unique_images,
-                                           3 * size * size, prefix + kImages, path_);
-    auto mean =
-        torch::tensor(info_.image_mean, torch::kFloat64).to(torch::kFloat32).view({1, 3, 1, 1});
-    auto std =
-        torch::tensor(info_.image_std, torch::kFloat64).to(torch::kFloat32).view({1, 3, 1, 1});
-    batch.images = torch::from_blob(pixels.data(), {ui, 3, size, size}, torch::kUInt8)
-                       .index_select(0, image_order)
-                       .to(torch::kFloat32)
-                       .div_(255.0f)
-                       .sub_(mean)
-                       .div_(std);
-  }
-  (void)batch_size;
-  return batch;
+  return result;
+}
+
+std::vector<uint8_t> DatasetReader::read_pixels(const std::vector<int64_t>& image_rows) {
+  if (info_.has_features) fail("read_pixels", "the file stores features, not pixels");
+  check_rows(image_rows, info_.num_images, "read_pixels");
+  const int64_t size = info_.image_size;
+  return read_chunk_rows<uint8_t>(images_.get(), H5T_NATIVE_UINT8, image_rows, 3 * size * size,
+                                  "/" + split_ + "/" + kImages, path_);
+}
+
+std::vector<float> DatasetReader::read_features(const std::vector<int64_t>& image_rows) {
+  if (!info_.has_features) fail("read_features", "the file stores pixels, not features");
+  check_rows(image_rows, info_.num_images, "read_features");
+  return read_chunk_rows<float>(images_.get(), H5T_NATIVE_FLOAT, image_rows,
+                                info_.feature_tokens * info_.feature_dim,
+                                "/" + split_ + "/" + kFeatures, path_);
 }
 
 std::vector<QuestionRecord> DatasetReader::read_records(int64_t first, int64_t count) {
@@ -427,22 +373,22 @@ std::vector<QuestionRecord> DatasetReader::read_records(int64_t first, int64_t c
   const std::string prefix = "/" + split_ + "/";
   const std::vector<int64_t> rows = row_range(first, count);
   const int64_t length = info_.max_question_length;
-  const auto tokens = read_rows<int32_t>(token_ids_.get(), H5T_NATIVE_INT32, rows, length,
-                                         prefix + kTokenIds, path_);
-  const auto mask = read_rows<uint8_t>(attention_mask_.get(), H5T_NATIVE_UINT8, rows, length,
-                                       prefix + kAttentionMask, path_);
-  const auto image_rows =
-      read_rows<int32_t>(image_row_.get(), H5T_NATIVE_INT32, rows, 1, prefix + kImageRow, path_);
-  const auto answer_types = read_rows<uint8_t>(answer_type_.get(), H5T_NATIVE_UINT8, rows, 1,
-                                               prefix + kAnswerType, path_);
-  const auto question_ids = read_rows<int64_t>(question_id_.get(), H5T_NATIVE_INT64, rows, 1,
-                                               prefix + kQuestionId, path_);
-  const auto question_types = read_rows<int32_t>(question_type_.get(), H5T_NATIVE_INT32, rows, 1,
-                                                 prefix + kQuestionType, path_);
-  const auto labels = read_rows<int32_t>(target_labels_.get(), H5T_NATIVE_INT32, rows, max_targets_,
-                                         prefix + kTargetLabels, path_);
-  const auto scores = read_rows<float>(target_scores_.get(), H5T_NATIVE_FLOAT, rows, max_targets_,
-                                       prefix + kTargetScores, path_);
+  const auto tokens = hdf5_read_rows<int32_t>(token_ids_.get(), H5T_NATIVE_INT32, rows, length,
+                                              prefix + kTokenIds, path_);
+  const auto mask = hdf5_read_rows<uint8_t>(attention_mask_.get(), H5T_NATIVE_UINT8, rows, length,
+                                            prefix + kAttentionMask, path_);
+  const auto image_rows = hdf5_read_rows<int32_t>(image_row_.get(), H5T_NATIVE_INT32, rows, 1,
+                                                  prefix + kImageRow, path_);
+  const auto answer_types = hdf5_read_rows<uint8_t>(answer_type_.get(), H5T_NATIVE_UINT8, rows, 1,
+                                                    prefix + kAnswerType, path_);
+  const auto question_ids = hdf5_read_rows<int64_t>(question_id_.get(), H5T_NATIVE_INT64, rows, 1,
+                                                    prefix + kQuestionId, path_);
+  const auto question_types = hdf5_read_rows<int32_t>(question_type_.get(), H5T_NATIVE_INT32, rows,
+                                                      1, prefix + kQuestionType, path_);
+  const auto labels = hdf5_read_rows<int32_t>(target_labels_.get(), H5T_NATIVE_INT32, rows,
+                                              max_targets_, prefix + kTargetLabels, path_);
+  const auto scores = hdf5_read_rows<float>(target_scores_.get(), H5T_NATIVE_FLOAT, rows,
+                                            max_targets_, prefix + kTargetScores, path_);
   const auto questions =
       hdf5_read_strings(question_text_.get(), first, count, prefix + kQuestionText, path_);
   const auto answers =

@@ -1,14 +1,17 @@
 // Reads one split of a dataset file: opens it, validates all of it, and reads
-// batches of question rows with their images. Used by the loader on its I/O
-// thread and, single-threaded, by `vqa_prep inspect`. Not thread-safe.
+// question rows and images as plain arrays. Used by the loader on its I/O
+// thread (which turns the arrays into a Batch), single-threaded by `vqa_prep
+// inspect`, and by the fuzz targets. Needs HDF5 only (no LibTorch, no MPI
+// start-up). Not thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "data/hdf5_util.h"  // Hdf5Id
-#include "data/loader.h"     // DatasetInfo, Batch
+#include "data/dataset_info.h"  // DatasetInfo
+#include "data/format.h"        // DataFormatError, dataset names, limits
+#include "data/hdf5_util.h"     // Hdf5Id
 
 namespace vqa::data {
 
@@ -29,22 +32,34 @@ struct QuestionRecord {
   std::vector<float> scores;
 };
 
+// Question rows as stored, each array row-major over the rows asked for.
+struct QuestionRows {
+  std::vector<int64_t> token_ids, attention_mask;            // [n, L]
+  std::vector<int64_t> image_row, answer_type, question_id;  // [n]
+  std::vector<int32_t> labels;                               // [n, M], -1 = none
+  std::vector<float> scores;                                 // [n, M]
+};
+
 class DatasetReader {
  public:
-  // use_mpio: open through MPI-IO on the runtime's I/O communicator
-  // (collective); otherwise the default driver. Validates the header, the
-  // vocabularies, every dataset's shape and dtype and every index value,
-  // streaming the question arrays in blocks (memory does not grow with the
-  // file). Throws DataFormatError.
-  DatasetReader(const std::string& path, const std::string& split, bool use_mpio);
+  // file_access: an HDF5 file-access property list; H5P_DEFAULT for the
+  // default (POSIX) driver, or one set up for MPI-IO (then the open is
+  // collective). Validates the header, the vocabularies, every dataset's
+  // shape and dtype and every index value, streaming the question arrays in
+  // blocks (memory does not grow with the file). Throws DataFormatError.
+  DatasetReader(const std::string& path, const std::string& split, hid_t file_access = H5P_DEFAULT);
 
   const DatasetInfo& info() const { return info_; }
   const SplitStatistics& statistics() const { return statistics_; }
   const std::vector<std::string>& token_vocabulary() const { return tokens_; }
+  int64_t max_targets() const { return max_targets_; }  // M
 
-  // Questions `rows` (any order, repeats allowed) and their images, in that
-  // order; valid[i] becomes batch.valid[i].
-  Batch read_batch(const std::vector<int64_t>& rows, const std::vector<float>& valid);
+  // Rows must be sorted, unique and in range (else DataFormatError).
+  QuestionRows read_question_rows(const std::vector<int64_t>& rows);
+  // Image rows (sorted, unique, in range): pixels uint8 [n, 3, S, S] or
+  // features float32 [n, T, D], whichever the file stores.
+  std::vector<uint8_t> read_pixels(const std::vector<int64_t>& image_rows);
+  std::vector<float> read_features(const std::vector<int64_t>& image_rows);
 
   std::vector<QuestionRecord> read_records(int64_t first, int64_t count);
 
@@ -54,6 +69,7 @@ class DatasetReader {
   void validate_rows();
   Hdf5Id open_checked(const std::string& name, const std::vector<std::string>& dtypes,
                       const std::vector<int64_t>& expected_shape, std::vector<int64_t>* shape);
+  void check_rows(const std::vector<int64_t>& rows, int64_t limit, const char* what) const;
   [[noreturn]] void fail(const std::string& object, const std::string& problem) const;
 
   std::string path_, split_;

@@ -1,9 +1,9 @@
 #include "data/hdf5_util.h"
 
 #include <cstring>
+#include <stdexcept>
 
-#include "data/format.h"    // DataFormatError
-#include "runtime/check.h"  // hdf5_error_string
+#include "data/format.h"  // DataFormatError
 
 namespace vqa::data {
 
@@ -51,9 +51,32 @@ herr_t Hdf5Id::reset() {
 
 void hdf5_silence_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
+namespace {
+herr_t collect_error(unsigned depth, const H5E_error2_t* error, void* out) {
+  auto* text = static_cast<std::string*>(out);
+  if (!text->empty()) text->append(" <- ");
+  text->append(error->func_name ? error->func_name : "?");
+  text->append(": ");
+  text->append(error->desc ? error->desc : "?");
+  return depth < 3 ? 0 : 1;  // the top few frames say enough
+}
+
+// For HDF5 calls that involve no file (types): they fail only when the library does.
+void hdf5_require(int64_t rc, const char* what) {
+  if (rc < 0)
+    throw std::runtime_error(std::string("HDF5: ") + what + " failed: " + hdf5_error_stack());
+}
+}  // namespace
+
+std::string hdf5_error_stack() {
+  std::string text;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &text);
+  return text.empty() ? "no HDF5 error on the stack" : text;
+}
+
 void hdf5_try(int64_t rc, const char* what, const std::string& path) {
   if (rc < 0) {
-    throw DataFormatError(path + ": " + what + " failed: " + runtime::hdf5_error_string());
+    throw DataFormatError(path + ": " + what + " failed: " + hdf5_error_stack());
   }
 }
 
@@ -84,7 +107,7 @@ Hdf5Id hdf5_open_dataset(hid_t location, const std::string& name, const std::str
   Hdf5Id dataset(H5Dopen2(location, name.c_str(), H5P_DEFAULT));
   if (!dataset.valid()) {
     throw DataFormatError(path + ": '" + name +
-                          "' is not a readable dataset: " + runtime::hdf5_error_string());
+                          "' is not a readable dataset: " + hdf5_error_stack());
   }
   return dataset;
 }
@@ -230,9 +253,9 @@ void hdf5_write_string_attribute(hid_t object, const std::string& name, const st
 
 Hdf5Id hdf5_string_type() {
   Hdf5Id type(H5Tcopy(H5T_C_S1));
-  VQA_CHECK_HDF5(type.get());
-  VQA_CHECK_HDF5(H5Tset_size(type.get(), H5T_VARIABLE));
-  VQA_CHECK_HDF5(H5Tset_cset(type.get(), H5T_CSET_UTF8));
+  hdf5_require(type.get(), "H5Tcopy(H5T_C_S1)");
+  hdf5_require(H5Tset_size(type.get(), H5T_VARIABLE), "H5Tset_size");
+  hdf5_require(H5Tset_cset(type.get(), H5T_CSET_UTF8), "H5Tset_cset");
   return type;
 }
 
@@ -240,10 +263,10 @@ Hdf5Id hdf5_float16_type() {
   // The same layout h5py and NumPy use for float16: 1 sign, 5 exponent and
   // 10 mantissa bits, exponent bias 15.
   Hdf5Id type(H5Tcopy(H5T_IEEE_F32LE));
-  VQA_CHECK_HDF5(type.get());
-  VQA_CHECK_HDF5(H5Tset_fields(type.get(), 15, 10, 5, 0, 10));
-  VQA_CHECK_HDF5(H5Tset_size(type.get(), 2));
-  VQA_CHECK_HDF5(H5Tset_ebias(type.get(), 15));
+  hdf5_require(type.get(), "H5Tcopy(H5T_IEEE_F32LE)");
+  hdf5_require(H5Tset_fields(type.get(), 15, 10, 5, 0, 10), "H5Tset_fields");
+  hdf5_require(H5Tset_size(type.get(), 2), "H5Tset_size");
+  hdf5_require(H5Tset_ebias(type.get(), 15), "H5Tset_ebias");
   return type;
 }
 

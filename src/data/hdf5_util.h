@@ -1,7 +1,8 @@
 // Small layer over the HDF5 C API for the data path (reader and prep tool):
 // an owning handle and typed helpers that throw DataFormatError naming the
 // file, the object and the value. Internal to src/data and data_prep; the
-// public loader header keeps hdf5.h out.
+// public loader header keeps hdf5.h out. Needs only HDF5: no LibTorch, no
+// MPI start-up, so tools and fuzz targets can link it alone.
 //
 // Why these throw instead of using VQA_CHECK_HDF5 (which ends the job): the
 // file is user input. The loader must report a bad file the same way on every
@@ -44,6 +45,9 @@ class Hdf5Id {
 // objects and reports failures in its own words.
 void hdf5_silence_errors();
 
+// The top frames of HDF5's error stack of this thread, as one line.
+std::string hdf5_error_stack();
+
 // Throws DataFormatError "<path>: <what> failed: <HDF5 error stack>" when rc < 0.
 void hdf5_try(int64_t rc, const char* what, const std::string& path);
 
@@ -76,7 +80,8 @@ void hdf5_write_double_attribute(hid_t object, const std::string& name,
 void hdf5_write_string_attribute(hid_t object, const std::string& name, const std::string& value,
                                  const std::string& path);
 
-// A variable-length UTF-8 string type (caller owns it).
+// A variable-length UTF-8 string type (caller owns it). Both throw
+// std::runtime_error if HDF5 itself fails.
 Hdf5Id hdf5_string_type();
 // IEEE half precision, little endian (HDF5 1.10 has no predefined one).
 Hdf5Id hdf5_float16_type();
@@ -93,5 +98,20 @@ struct Hdf5RowSelection {
 };
 Hdf5RowSelection hdf5_select_rows(hid_t dataset, const std::vector<int64_t>& rows,
                                   const std::string& name, const std::string& path);
+
+// Whole rows `sorted_rows` (sorted, unique, in range) of a dataset whose rows
+// hold row_elements values each, converted to memory_type (matching T).
+template <typename T>
+std::vector<T> hdf5_read_rows(hid_t dataset, hid_t memory_type,
+                              const std::vector<int64_t>& sorted_rows, int64_t row_elements,
+                              const std::string& name, const std::string& path) {
+  std::vector<T> values(sorted_rows.size() * static_cast<size_t>(row_elements));
+  if (sorted_rows.empty()) return values;
+  Hdf5RowSelection selection = hdf5_select_rows(dataset, sorted_rows, name, path);
+  hdf5_try(H5Dread(dataset, memory_type, selection.memory_space.get(), selection.file_space.get(),
+                   H5P_DEFAULT, values.data()),
+           ("H5Dread('" + name + "')").c_str(), path);
+  return values;
+}
 
 }  // namespace vqa::data

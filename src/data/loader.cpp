@@ -1,13 +1,102 @@
 #include "data/loader.h"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
-#include "data/dataset_reader.h"  // DatasetReader
+#include "data/dataset_reader.h"  // DatasetReader, QuestionRows
 #include "data/io_thread.h"       // Hdf5IoThread
-#include "runtime/distributed.h"  // distributed_is_initialized
+#include "runtime/distributed.h"  // distributed_is_initialized, distributed_configure_mpio
 
 namespace vqa::data {
+
+namespace {
+
+// Opens on the I/O thread: with the runtime up through MPI-IO (collective),
+// else with the default driver.
+std::shared_ptr<DatasetReader> open_reader(const std::string& path, const std::string& split,
+                                           bool use_mpio) {
+  Hdf5Id access(H5Pcreate(H5P_FILE_ACCESS));
+  hdf5_try(access.get(), "H5Pcreate(H5P_FILE_ACCESS)", path);
+  if (use_mpio) runtime::distributed_configure_mpio(access.get());
+  return std::make_shared<DatasetReader>(path, split, access.get());
+}
+
+std::vector<int64_t> sorted_unique(std::vector<int64_t> values) {
+  std::sort(values.begin(), values.end());
+  values.erase(std::unique(values.begin(), values.end()), values.end());
+  return values;
+}
+
+// position[i]: where values[i] sits in `sorted` (which holds it).
+torch::Tensor positions_in(const std::vector<int64_t>& values, const std::vector<int64_t>& sorted) {
+  std::vector<int64_t> position(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    position[i] = std::lower_bound(sorted.begin(), sorted.end(), values[i]) - sorted.begin();
+  }
+  return torch::tensor(position, torch::kInt64);
+}
+
+// Questions `rows` (any order, repeats allowed) and their images, in that
+// order; each distinct question and image is read once.
+Batch read_batch(DatasetReader& reader, const std::vector<int64_t>& rows,
+                 const std::vector<float>& valid) {
+  const DatasetInfo& info = reader.info();
+  const std::vector<int64_t> unique_rows = sorted_unique(rows);
+  const auto order = positions_in(rows, unique_rows);
+  QuestionRows questions = reader.read_question_rows(unique_rows);
+  const auto u = static_cast<int64_t>(unique_rows.size());
+  const int64_t length = info.max_question_length, targets_per_row = reader.max_targets();
+
+  Batch batch;
+  auto as_tensor = [&](std::vector<int64_t>& values, std::vector<int64_t> shape) {
+    return torch::from_blob(values.data(), shape, torch::kInt64).index_select(0, order);
+  };
+  batch.token_ids = as_tensor(questions.token_ids, {u, length});
+  batch.attention_mask = as_tensor(questions.attention_mask, {u, length});
+  batch.answer_type = as_tensor(questions.answer_type, {u});
+  batch.question_ids = as_tensor(questions.question_id, {u});
+  batch.valid = torch::tensor(valid, torch::kFloat32);
+
+  // Sparse (label, score) pairs to dense soft scores; labels were range-checked.
+  auto targets = torch::zeros({u, info.num_answers}, torch::kFloat32);
+  auto* target_data = targets.data_ptr<float>();
+  for (int64_t i = 0; i < u; ++i) {
+    for (int64_t m = 0; m < targets_per_row; ++m) {
+      const int32_t label = questions.labels[i * targets_per_row + m];
+      if (label >= 0) {
+        target_data[i * info.num_answers + label] = questions.scores[i * targets_per_row + m];
+      }
+    }
+  }
+  batch.targets = targets.index_select(0, order);
+
+  const std::vector<int64_t> unique_images = sorted_unique(questions.image_row);
+  const auto image_order = positions_in(questions.image_row, unique_images).index_select(0, order);
+  const auto ui = static_cast<int64_t>(unique_images.size());
+  if (info.has_features) {
+    auto features = reader.read_features(unique_images);
+    batch.images = torch::from_blob(features.data(), {ui, info.feature_tokens, info.feature_dim},
+                                    torch::kFloat32)
+                       .index_select(0, image_order);
+  } else {
+    const int64_t size = info.image_size;
+    auto pixels = reader.read_pixels(unique_images);
+    auto mean =
+        torch::tensor(info.image_mean, torch::kFloat64).to(torch::kFloat32).view({1, 3, 1, 1});
+    auto std =
+        torch::tensor(info.image_std, torch::kFloat64).to(torch::kFloat32).view({1, 3, 1, 1});
+    batch.images = torch::from_blob(pixels.data(), {ui, 3, size, size}, torch::kUInt8)
+                       .index_select(0, image_order)
+                       .to(torch::kFloat32)
+                       .div_(255.0f)
+                       .sub_(mean)
+                       .div_(std);
+  }
+  return batch;
+}
+
+}  // namespace
 
 ShardedLoader::ShardedLoader(const std::string& path, const std::string& split,
                              const LoaderOptions& options)
@@ -21,9 +110,7 @@ ShardedLoader::ShardedLoader(const std::string& path, const std::string& split,
   }
   const bool use_mpio = runtime::distributed_is_initialized();
   reader_ = Hdf5IoThread::instance()
-                .submit([path, split, use_mpio] {
-                  return std::make_shared<DatasetReader>(path, split, use_mpio);
-                })
+                .submit([path, split, use_mpio] { return open_reader(path, split, use_mpio); })
                 .get();
   info_ = reader_->info();
   const int64_t n = info_.num_questions;
@@ -84,7 +171,7 @@ void ShardedLoader::submit(int64_t step) {
   for (int64_t i = begin; i < end; ++i) valid.push_back(i < padding_start ? 1.0f : 0.0f);
   in_flight_.push_back(Hdf5IoThread::instance().submit(
       [reader = reader_, rows = std::move(rows), valid = std::move(valid)] {
-        return reader->read_batch(rows, valid);
+        return read_batch(*reader, rows, valid);
       }));
 }
 

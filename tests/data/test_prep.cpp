@@ -110,7 +110,7 @@ TEST(Prep, ConvertVqaRadGivesExpectedLabelsTargetsAndImages) {
   EXPECT_NE(result.output.find("1 test answers outside the label set (e.g. 'right')"),
             std::string::npos)
       << result.output;
-  vqa::data::DatasetReader train(fixture.output, "train", false);
+  vqa::data::DatasetReader train(fixture.output, "train");
   // By frequency ("yes" twice), then alphabetically; normalised as VQA evaluation does.
   EXPECT_EQ(train.info().answer_labels,
             (std::vector<std::string>{"yes", "2", "left", "no", "x ray"}));
@@ -127,7 +127,7 @@ TEST(Prep, ConvertVqaRadGivesExpectedLabelsTargetsAndImages) {
   }
   EXPECT_EQ(records[0].answer_type, 0);
   EXPECT_EQ(records[2].answer_type, 1);
-  vqa::data::DatasetReader test(fixture.output, "test", false);
+  vqa::data::DatasetReader test(fixture.output, "test");
   const auto test_records = test.read_records(0, 3);
   EXPECT_EQ(test_records[0].labels, std::vector<int32_t>{0});
   EXPECT_TRUE(test_records[1].labels.empty()) << "'right' is outside the label set";
