@@ -1,0 +1,187 @@
+# shellcheck shell=bash
+# Shared body of the batch scripts in jobs/slurm/ (sourced by them; bash).
+#
+# slurm_train_job CONFIG [vqa_train options...]
+#   Runs vqa_train over the whole allocation, one rank per Slurm task, in the
+#   run directory ${VQA_RUN_DIR:-runs/<config name>-<job id>} with
+#   `--resume auto`. A requeued job keeps its job id, so it finds its own
+#   directory and continues from the latest checkpoint; a new job pointed at
+#   an old directory (VQA_RUN_DIR=runs/x-123 sbatch ...) does the same. A
+#   completed run (vqa_train's DONE marker covers --epochs) is not trained
+#   again: vqa_train says so and exits 0 (more --epochs continue it).
+#
+# Preemption. The batch scripts ask for SIGUSR1 some minutes before the time
+# limit (#SBATCH --signal=B:USR1@T: B = to this batch shell only). The shell
+# traps SIGUSR1 and SIGTERM and sends SIGUSR1 to the launcher, which passes it
+# to every rank (mpirun and srun both forward SIGUSR1; on SIGTERM mpirun would
+# kill the ranks at once instead). The ranks agree collectively to stop at the
+# next optimiser step, rank 0 writes a checkpoint, and every rank exits with
+# 75 (EX_TEMPFAIL). This script turns 75 into `scontrol requeue`: Slurm ends
+# the job, puts it back in the queue with the same id and
+# SLURM_RESTART_COUNT + 1, and the next start resumes. The launcher runs in
+# the background and the shell waits for it, so no process outlives the
+# script (with proctrack/linuxproc Slurm would not clean one up).
+#
+# Environment knobs (all optional):
+#   VQA_LAUNCHER   auto (default) | srun | mpirun. auto takes srun when
+#                  `srun --mpi=list` offers pmix, else mpirun.
+#   VQA_SRUN_MPI   the srun PMI plugin (default pmix). Open MPI 4 as Debian
+#                  and Ubuntu build it starts under srun only with PMIx
+#                  (pmi2 and none fail in MPI_Init); an Open MPI built
+#                  --with-pmi may take pmi2. mpirun works either way: inside
+#                  an allocation it reads the nodes from Slurm and starts its
+#                  daemons with srun itself.
+#   VQA_BUILD      build directory holding vqa_train and vqa_prep (default build)
+#   VQA_RUN_DIR    run directory (default runs/<config name>-<job id>)
+#   VQA_NCCL_ENV   file sourced for the NCCL settings (default jobs/slurm/nccl_env.sh)
+
+# The exit status with which vqa_train reports "stopped on request after
+# writing a checkpoint" (src/runtime/stop_request.h: kExitStopRequested).
+readonly VQA_EXIT_STOP_REQUESTED=75
+
+slurm_log() { echo "[vqa-slurm $(date +%H:%M:%S)] $*"; }
+
+# slurm_choose_launcher: prints srun or mpirun.
+slurm_choose_launcher() {
+  local launcher=${VQA_LAUNCHER:-auto}
+  case "$launcher" in
+    srun | mpirun) echo "$launcher" ;;
+    auto)
+      if srun --mpi=list 2>&1 | grep -qw "${VQA_SRUN_MPI:-pmix}"; then
+        echo srun
+      else
+        echo mpirun
+      fi
+      ;;
+    *)
+      echo "VQA_LAUNCHER=$launcher: expected auto, srun or mpirun" >&2
+      return 2
+      ;;
+  esac
+}
+
+# slurm_launch_command LAUNCHER THREADS: fills the array launch_command with
+# the launcher and its flags for one rank per task, THREADS cores each.
+slurm_launch_command() {
+  local launcher=$1 threads=$2
+  if [[ $launcher == srun ]]; then
+    # --cpus-per-task again: Slurm 22.05's srun no longer inherits it from
+    # sbatch. No --gpu-bind: every rank must see all GPUs of its node, since
+    # vqa_train takes GPU <local rank> itself. --kill-on-bad-exit: one rank
+    # failing ends the step instead of leaving the others waiting.
+    launch_command=(srun "--mpi=${VQA_SRUN_MPI:-pmix}" --kill-on-bad-exit=1
+      "--ntasks=$SLURM_NTASKS" "--cpus-per-task=$threads")
+  else
+    # Open MPI reads the nodes and tasks per node from the allocation.
+    # PE=threads binds each rank to its own cores, next to each other.
+    launch_command=(mpirun -np "$SLURM_NTASKS" --map-by "slot:PE=$threads" --bind-to core)
+    # Ranks on other nodes get the environment of the srun that started
+    # Open MPI's daemons; -x says explicitly what they must see.
+    local variable
+    for variable in OMP_NUM_THREADS $(compgen -e | grep '^NCCL_' || true); do
+      launch_command+=(-x "$variable")
+    done
+    # Open MPI refuses root unless told; containers and CI run jobs as root.
+    [[ $(id -u) -eq 0 ]] && launch_command+=(--allow-run-as-root)
+  fi
+  return 0
+}
+
+# slurm_run_forwarding_signals COMMAND...: runs COMMAND in the background,
+# forwards SIGUSR1 and SIGTERM to it as SIGUSR1, waits until it has exited
+# and sets launch_status to its exit status.
+slurm_run_forwarding_signals() {
+  local child signals_before
+  slurm_signals_seen=0
+  "$@" &
+  child=$!
+  # Each trap carries this child's pid, expanded as the trap is set: SC2064
+  # warns that double quotes do that, and here it is meant.
+  # shellcheck disable=SC2064
+  trap "slurm_forward_stop USR1 $child" USR1
+  # shellcheck disable=SC2064  # as above
+  trap "slurm_forward_stop TERM $child" TERM
+  while :; do
+    signals_before=$slurm_signals_seen
+    launch_status=0
+    wait "$child" || launch_status=$?
+    # `wait` also returns when a trapped signal arrives: wait again then.
+    ((slurm_signals_seen != signals_before)) || break
+  done
+  trap - USR1 TERM
+}
+
+slurm_forward_stop() {
+  local signal=$1 child=$2
+  slurm_signals_seen=$((slurm_signals_seen + 1))
+  slurm_log "SIG$signal received: asking the ranks to checkpoint and stop (SIGUSR1 to pid $child)"
+  kill -USR1 "$child" 2>/dev/null || true
+}
+
+slurm_train_job() {
+  if (($# < 1)); then
+    echo "usage: sbatch [sbatch options] jobs/slurm/<script>.sbatch CONFIG.ini [vqa_train options...]" >&2
+    exit 2
+  fi
+  local config=$1
+  shift
+  local build=${VQA_BUILD:-build}
+  local train=$build/vqa_train
+  if [[ ! -f $config ]]; then
+    echo "config file '$config' not found (relative to $PWD)" >&2
+    exit 2
+  fi
+  if [[ ! -x $train ]]; then
+    echo "$train not found or not executable: build it first (cmake --build $build --target vqa_train) or set VQA_BUILD" >&2
+    exit 2
+  fi
+  local name
+  name=$(basename "$config" .ini)
+  local run_dir=${VQA_RUN_DIR:-runs/$name-$SLURM_JOB_ID}
+  mkdir -p "$run_dir"
+
+  local restarts=${SLURM_RESTART_COUNT:-0}
+  slurm_log "job $SLURM_JOB_ID start $((restarts + 1)) (SLURM_RESTART_COUNT=$restarts)" \
+    "on ${SLURM_JOB_NUM_NODES:-1} node(s) [${SLURM_JOB_NODELIST:-?}], $SLURM_NTASKS task(s), run directory $run_dir"
+
+  local threads=${SLURM_CPUS_PER_TASK:-1}
+  export OMP_NUM_THREADS=$threads
+  # shellcheck source=jobs/slurm/nccl_env.sh
+  source "${VQA_NCCL_ENV:-jobs/slurm/nccl_env.sh}"
+
+  local launcher
+  launcher=$(slurm_choose_launcher)
+  local launch_command=()
+  slurm_launch_command "$launcher" "$threads"
+  local command=("${launch_command[@]}" "$train" --config "$config" --out "$run_dir"
+    --resume auto --threads "$threads" "$@")
+  slurm_log "launcher $launcher:$(printf ' %q' "${command[@]}")"
+
+  slurm_run_forwarding_signals "${command[@]}"
+  slurm_log "$launcher exited with status $launch_status"
+
+  if ((launch_status == VQA_EXIT_STOP_REQUESTED)); then
+    # The ranks checkpointed and stopped on request: hand the job back to the
+    # queue. Slurm ends this shell as part of the requeue, so say it first.
+    # If Slurm refuses (the job was cancelled, or is not a batch job), say
+    # how to continue by hand instead.
+    slurm_log "checkpoint written; requeueing job $SLURM_JOB_ID: its next start resumes from" \
+      "$run_dir/checkpoints/latest"
+    if scontrol requeue "$SLURM_JOB_ID"; then
+      return 0
+    fi
+    slurm_log "checkpoint written, but 'scontrol requeue $SLURM_JOB_ID' failed; resume with:" \
+      "VQA_RUN_DIR=$run_dir sbatch ... $config"
+  fi
+  return "$launch_status"
+}
+
+# slurm_require_build_tool NAME: path of build tool NAME, or exits with a message.
+slurm_require_build_tool() {
+  local tool=${VQA_BUILD:-build}/$1
+  if [[ ! -x $tool ]]; then
+    echo "$tool not found or not executable: build it first or set VQA_BUILD" >&2
+    exit 2
+  fi
+  echo "$tool"
+}

@@ -1,0 +1,197 @@
+# shellcheck shell=bash
+# A real single-node Slurm for the tests, from Debian's slurmctld, slurmd,
+# slurm-client and munge packages, living entirely in one temporary folder
+# (sourced by the tests in this folder).
+#
+#   slurm_cluster_start DIR   writes a munge key and slurm.conf into DIR,
+#                             starts munged, slurmctld and slurmd (as children
+#                             of the test, in the foreground mode of each, no
+#                             systemd), exports SLURM_CONF and waits until the
+#                             node is idle
+#   slurm_cluster_stop        cancels every job, `scontrol shutdown`, ends the
+#                             daemons it started (by their pids) and munged
+#
+# How it is configured, and why:
+# - one node named after this host (slurmd looks itself up by `hostname -s`)
+#   at 127.0.0.1 with this machine's CPU count, one partition;
+# - ProctrackType=proctrack/linuxproc and TaskPlugin=task/none: no cgroups
+#   (containers and CI machines rarely let a test mount or delegate them);
+#   proctrack/pgid left a hung slurmstepd behind. With linuxproc a process
+#   that outlives its batch script is not killed at job end, so the job
+#   scripts must not leave children behind;
+# - SlurmUser=root, munge with its own key and socket in DIR (AuthInfo=
+#   socket=...), free TCP ports: nothing collides with a site's Slurm or
+#   another test;
+# - cred_expire=10: a requeued job waits for the job credential to expire
+#   before it may start again (default 120 s + a minute); 10 s keeps the
+#   preemption test short;
+# - no accounting daemon: `scontrol show job` reports states, restarts and
+#   exit codes while MinJobAge keeps finished jobs listed.
+
+slurm_cluster_pids=()
+slurm_cluster_dir=""
+
+slurm_cluster_log() { echo "[slurm-cluster $(date +%H:%M:%S)] $*"; }
+
+# slurm_free_port START: the first port from START on that nothing listens on.
+slurm_free_port() {
+  local port=$1
+  while ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; do
+    port=$((port + 1))
+  done
+  echo "$port"
+}
+
+slurm_cluster_start() {
+  local dir=$1
+  slurm_cluster_dir=$dir
+  local node
+  node=$(hostname -s)
+  mkdir -p "$dir"/{state,spool,log,munge}
+  chmod 700 "$dir/munge"
+
+  # munge: a fresh random key, readable by root only (munged checks).
+  head -c 1024 /dev/urandom >"$dir/munge/munge.key"
+  chmod 400 "$dir/munge/munge.key"
+  # --force: munged refuses a socket folder under a world-writable /tmp.
+  munged --foreground --force --socket="$dir/munge/munge.socket" \
+    --key-file="$dir/munge/munge.key" --seed-file="$dir/munge/munge.seed" \
+    --pid-file="$dir/munge/munged.pid" --log-file="$dir/log/munged.log" \
+    >"$dir/log/munged.out" 2>&1 &
+  slurm_cluster_pids+=($!)
+
+  # Ports from a pid-dependent base, so that tests run at the same time on
+  # one machine do not race for the same ones.
+  local controller_port daemon_port
+  controller_port=$(slurm_free_port $((20000 + $$ % 20000)))
+  daemon_port=$(slurm_free_port $((controller_port + 1)))
+
+  cat >"$dir/slurm.conf" <<EOF
+ClusterName=vqatest
+SlurmctldHost=$node(127.0.0.1)
+SlurmctldPort=$controller_port
+SlurmdPort=$daemon_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+SwitchType=switch/none
+ReturnToService=2
+SchedulerType=sched/builtin
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+MinJobAge=600
+KillWait=10
+NodeName=$node NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
+  export SLURM_CONF=$dir/slurm.conf
+
+  # Wait for munged's socket before the daemons need it.
+  local i
+  for ((i = 0; i < 100; i++)); do
+    [[ -S $dir/munge/munge.socket ]] && break
+    sleep 0.1
+  done
+  [[ -S $dir/munge/munge.socket ]] || {
+    slurm_cluster_log "munged did not start"
+    cat "$dir/log/munged.out" "$dir/log/munged.log" >&2 2>/dev/null || true
+    return 1
+  }
+
+  slurmctld -D -f "$SLURM_CONF" >"$dir/log/slurmctld.out" 2>&1 &
+  slurm_cluster_pids+=($!)
+  slurmd -D -f "$SLURM_CONF" >"$dir/log/slurmd.out" 2>&1 &
+  slurm_cluster_pids+=($!)
+
+  for ((i = 0; i < 300; i++)); do
+    if sinfo -h -o %T 2>/dev/null | grep -qx idle; then
+      slurm_cluster_log "Slurm up in $dir: node $node idle, $(nproc) CPUs," \
+        "slurmctld port $controller_port ($(sinfo --version))"
+      return 0
+    fi
+    sleep 0.1
+  done
+  slurm_cluster_log "the node did not become idle within 30 s:"
+  sinfo -N -l >&2 || true
+  slurm_cluster_dump_logs
+  return 1
+}
+
+slurm_cluster_dump_logs() {
+  local log
+  for log in "$slurm_cluster_dir"/log/*; do
+    [[ -s $log ]] || continue
+    echo "---- $(basename "$log") (last 30 lines)" >&2
+    tail -n 30 "$log" >&2
+  done
+}
+
+# slurm_cluster_stop: safe to call twice and after a failed start.
+slurm_cluster_stop() {
+  [[ -n $slurm_cluster_dir ]] || return 0
+  local i pid
+  if ((${#slurm_cluster_pids[@]} > 1)); then
+    # Cancel the jobs first: with proctrack/linuxproc, processes of a job
+    # still running when slurmd stops would be left behind.
+    scancel --full --user="$(id -un)" 2>/dev/null || true
+    for ((i = 0; i < 150; i++)); do
+      [[ -z $(squeue -h -t running,completing -o %i 2>/dev/null) ]] && break
+      sleep 0.1
+    done
+    scontrol shutdown >/dev/null 2>&1 || true
+  fi
+  # Give the daemons 10 s to exit on their own, then end them; munged last
+  # (it is the first pid).
+  for ((i = ${#slurm_cluster_pids[@]} - 1; i >= 0; i--)); do
+    pid=${slurm_cluster_pids[i]}
+    if ((i == 0)); then kill "$pid" 2>/dev/null || true; fi
+    local tries
+    for ((tries = 0; tries < 100; tries++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      slurm_cluster_log "pid $pid still running after 10 s: killing it"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || true
+  done
+  slurm_cluster_pids=()
+  slurm_cluster_dir=""
+}
+
+# slurm_job_field JOB FIELD: one field of `scontrol show job` (e.g. JobState,
+# Restarts, ExitCode), empty if the job is unknown.
+slurm_job_field() {
+  scontrol -o show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1
+}
+
+# slurm_wait_job JOB REGEX TIMEOUT: waits until the job's state matches REGEX
+# (e.g. 'COMPLETED|FAILED'); prints the state; fails after TIMEOUT seconds.
+slurm_wait_job() {
+  local job=$1 pattern=$2 timeout=$3 state="" start=$SECONDS
+  while ((SECONDS - start < timeout)); do
+    state=$(slurm_job_field "$job" JobState)
+    if [[ $state =~ ^($pattern)$ ]]; then
+      echo "$state"
+      return 0
+    fi
+    sleep 0.2
+  done
+  slurm_cluster_log "job $job still '$state' after $timeout s (waiting for $pattern)" >&2
+  return 1
+}
