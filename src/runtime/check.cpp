@@ -4,8 +4,10 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "runtime/distributed.h"  // distributed_rank_info, distributed_abort
 
@@ -41,6 +43,15 @@ void fatal_error(const char* library, const char* call, const char* file, int li
 void fatal_user_error(const std::string& message, int exit_code) {
   std::fprintf(stderr, "[vqa] error on %s: %s\n", rank_label().c_str(), message.c_str());
   end_job(exit_code);
+}
+
+void fatal_user_error_from_rank0(const std::string& message, int exit_code) {
+  if (!distributed_is_initialized() || distributed_rank_info().rank == 0) {
+    fatal_user_error(message, exit_code);
+  }
+  // Rank 0's MPI_Abort ends this process; this is the fallback if it never comes.
+  std::this_thread::sleep_for(std::chrono::seconds(30));
+  fatal_user_error("stopping (rank 0 found a difference between the ranks)", exit_code);
 }
 
 std::string mpi_error_string(int code) {

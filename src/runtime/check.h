@@ -21,6 +21,12 @@ namespace vqa::runtime {
 // every rank. Any thread may call it.
 [[noreturn]] void fatal_user_error(const std::string& message, int exit_code = 2);
 
+// For a difference every rank has found at once (after a gather): rank 0
+// prints `message` and ends the job; the other ranks wait for that end (and
+// end themselves after 30 s), so the message appears once, not once per rank.
+// Main thread of every rank.
+[[noreturn]] void fatal_user_error_from_rank0(const std::string& message, int exit_code = 2);
+
 // "rank R/N (HOST)" once the runtime is up, "rank ? (HOST)" before.
 std::string rank_label();
 

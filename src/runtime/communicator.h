@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -34,6 +36,16 @@ class Work {
  public:
   virtual ~Work() = default;
   virtual void wait() = 0;
+
+  // After wait(): when the collective itself ran (queueing excluded), in
+  // seconds of std::chrono::steady_clock's time_since_epoch. Both 0 when the
+  // backend cannot tell without a host synchronisation (NCCL).
+  double began_at() const { return began_at_; }
+  double ended_at() const { return ended_at_; }
+
+ protected:
+  double began_at_ = 0.0;
+  double ended_at_ = 0.0;
 };
 using WorkHandle = std::shared_ptr<Work>;
 
@@ -64,9 +76,23 @@ class Communicator {
   // Sum of `value` over all ranks, to the host.
   virtual double sum_scalar(double value) = 0;
 
+  // Where the training loop is (epoch, optimiser step of the run), so that
+  // messages about a stuck or failed collective can say when it happened.
+  // Cheap: two relaxed atomic stores; call it every step.
+  void set_position(int64_t epoch, int64_t step) {
+    epoch_.store(epoch, std::memory_order_relaxed);
+    step_.store(step, std::memory_order_relaxed);
+  }
+  int64_t position_epoch() const { return epoch_.load(std::memory_order_relaxed); }
+  int64_t position_step() const { return step_.load(std::memory_order_relaxed); }
+
  protected:
   explicit Communicator(const RankInfo& info) : info_(info) {}
   RankInfo info_;
+
+ private:
+  std::atomic<int64_t> epoch_{-1};  // -1: before training starts
+  std::atomic<int64_t> step_{-1};
 };
 
 // Creates the communicator for `requested` (kAuto: from the device). Every

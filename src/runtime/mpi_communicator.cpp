@@ -1,10 +1,13 @@
 // CPU backend: collectives on a duplicate of MPI_COMM_WORLD, run by one
 // progress thread so that allreduce_async really overlaps the caller's work
 // (Open MPI's non-blocking collectives only progress inside MPI calls).
+// Every collective is reported to the watchdog (watchdog.h) by the thread
+// that runs it, around the MPI call.
 #include <mpi.h>
 
 #include <c10/util/BFloat16.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -13,6 +16,7 @@
 #include "runtime/check.h"              // VQA_CHECK_MPI, VQA_CHECK
 #include "runtime/communicator.h"       // Communicator, Work
 #include "runtime/communicator_impl.h"  // mpi_communicator_create
+#include "runtime/watchdog_impl.h"      // CollectiveTracker, collective_call_failed
 
 namespace vqa::runtime {
 
@@ -26,6 +30,22 @@ void bf16_sum(void* in, void* inout, int* count, MPI_Datatype* /*type*/) {
   for (int i = 0; i < *count; ++i) b[i] = c10::BFloat16(float(a[i]) + float(b[i]));
 }
 
+// An MPI call inside a tracked collective: a failure names the collective,
+// the training position and any rank on this host whose process has ended.
+#define VQA_CHECK_MPI_IN(tracker, call)                                                      \
+  do {                                                                                       \
+    const int vqa_mpi_rc_ = (call);                                                          \
+    if (vqa_mpi_rc_ != 0) {                                                                  \
+      ::vqa::runtime::collective_call_failed((tracker), "MPI", #call, __FILE__, __LINE__,    \
+                                             ::vqa::runtime::mpi_error_string(vqa_mpi_rc_)); \
+    }                                                                                        \
+  } while (0)
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // MPI counts are int; larger buffers go in pieces of this many elements.
 constexpr int64_t kMaxElementsPerCall = int64_t{1} << 30;
 
@@ -34,6 +54,10 @@ class MpiWork final : public Work {
   void wait() override {
     std::unique_lock<std::mutex> lock(mutex_);
     done_cv_.wait(lock, [this] { return done_; });
+  }
+  void set_times(double began, double ended) {
+    began_at_ = began;
+    ended_at_ = ended;
   }
   void mark_done() {
     {
@@ -61,6 +85,7 @@ class MpiCommunicator final : public Communicator {
     VQA_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
     VQA_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     VQA_CHECK_MPI(MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_op_));
+    tracker_ = std::make_unique<CollectiveTracker>(*this);
     progress_thread_ = std::thread([this] { progress_loop(); });
   }
 
@@ -71,6 +96,7 @@ class MpiCommunicator final : public Communicator {
     }
     queue_cv_.notify_all();
     progress_thread_.join();
+    tracker_.reset();
     MPI_Op_free(&bf16_sum_op_);
     MPI_Comm_free(&comm_);
   }
@@ -102,21 +128,27 @@ class MpiCommunicator final : public Communicator {
     drain();
     auto* bytes = static_cast<char*>(buffer.data_ptr());
     const int64_t total = buffer.numel() * buffer.element_size();
+    const int64_t sequence = tracker_->begin(CollectiveKind::kBroadcast, total);
     for (int64_t offset = 0; offset < total; offset += kMaxElementsPerCall) {
       const int count = static_cast<int>(std::min(kMaxElementsPerCall, total - offset));
-      VQA_CHECK_MPI(MPI_Bcast(bytes + offset, count, MPI_BYTE, root, comm_));
+      VQA_CHECK_MPI_IN(*tracker_, MPI_Bcast(bytes + offset, count, MPI_BYTE, root, comm_));
     }
+    tracker_->end(sequence);
   }
 
   void barrier() override {
     drain();
-    VQA_CHECK_MPI(MPI_Barrier(comm_));
+    const int64_t sequence = tracker_->begin(CollectiveKind::kBarrier, 0);
+    VQA_CHECK_MPI_IN(*tracker_, MPI_Barrier(comm_));
+    tracker_->end(sequence);
   }
 
   double sum_scalar(double value) override {
     drain();
     double total = 0.0;
-    VQA_CHECK_MPI(MPI_Allreduce(&value, &total, 1, MPI_DOUBLE, MPI_SUM, comm_));
+    const int64_t sequence = tracker_->begin(CollectiveKind::kScalarSum, sizeof(double));
+    VQA_CHECK_MPI_IN(*tracker_, MPI_Allreduce(&value, &total, 1, MPI_DOUBLE, MPI_SUM, comm_));
+    tracker_->end(sequence);
     return total;
   }
 
@@ -165,18 +197,24 @@ class MpiCommunicator final : public Communicator {
     const MPI_Op op = is_bf16 ? bf16_sum_op_ : MPI_SUM;
     char* data = static_cast<char*>(buffer.data_ptr());
     const int64_t element_size = buffer.element_size();
+    const double began = steady_seconds();
+    const int64_t sequence =
+        tracker_->begin(CollectiveKind::kAllreduce, buffer.numel() * element_size);
     for (int64_t offset = 0; offset < buffer.numel(); offset += kMaxElementsPerCall) {
       const int count = static_cast<int>(std::min(kMaxElementsPerCall, buffer.numel() - offset));
-      VQA_CHECK_MPI(
-          MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size, count, type, op, comm_));
+      VQA_CHECK_MPI_IN(*tracker_, MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size, count,
+                                                type, op, comm_));
     }
+    tracker_->end(sequence);
     if (pending.op == ReduceOp::kAverage && info_.world_size > 1) {
       buffer.div_(static_cast<double>(info_.world_size));
     }
+    pending.work->set_times(began, steady_seconds());
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Op bf16_sum_op_ = MPI_OP_NULL;
+  std::unique_ptr<CollectiveTracker> tracker_;
   std::thread progress_thread_;
   std::mutex mutex_;
   std::condition_variable queue_cv_;

@@ -3,6 +3,9 @@
 // Ordering with the compute stream uses CUDA events only: launching waits for
 // the compute stream's work so far, and Work::wait() makes the compute stream
 // wait for the collective. The host never blocks on the hot path.
+// The watchdog (watchdog.h) learns of completion by polling each
+// collective's event with cudaEventQuery on its own thread, and on its
+// deadline calls ncclCommAbort before ending the job.
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -11,10 +14,14 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <deque>
+#include <mutex>
+
 #include "runtime/check.h"              // fatal_user_error, VQA_CHECK_MPI
 #include "runtime/communicator.h"       // Communicator, Work
 #include "runtime/communicator_impl.h"  // nccl_communicator_create
 #include "runtime/gpu_check.h"          // VQA_CHECK_CUDA, VQA_CHECK_NCCL
+#include "runtime/watchdog_impl.h"      // CollectiveTracker, collective_call_failed
 
 namespace vqa::runtime {
 
@@ -42,16 +49,34 @@ ncclDataType_t nccl_type(const torch::Tensor& buffer) {
   }
 }
 
+// A CUDA event shared by the Work handle and the watchdog's pending list.
+using SharedEvent = std::shared_ptr<CUevent_st>;
+
+SharedEvent event_create() {
+  cudaEvent_t event;
+  VQA_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return SharedEvent(event, [](cudaEvent_t e) { cudaEventDestroy(e); });
+}
+
 class NcclWork final : public Work {
  public:
-  NcclWork(cudaEvent_t done, cudaStream_t compute) : done_(done), compute_(compute) {}
-  ~NcclWork() override { cudaEventDestroy(done_); }
-  void wait() override { VQA_CHECK_CUDA(cudaStreamWaitEvent(compute_, done_, 0)); }
+  NcclWork(SharedEvent done, cudaStream_t compute) : done_(std::move(done)), compute_(compute) {}
+  void wait() override { VQA_CHECK_CUDA(cudaStreamWaitEvent(compute_, done_.get(), 0)); }
 
  private:
-  cudaEvent_t done_;
+  SharedEvent done_;
   cudaStream_t compute_;
 };
+
+// An NCCL call inside a tracked collective.
+#define VQA_CHECK_NCCL_IN(tracker, call)                                                   \
+  do {                                                                                     \
+    const ncclResult_t vqa_nccl_rc_ = (call);                                              \
+    if (vqa_nccl_rc_ != ncclSuccess) {                                                     \
+      ::vqa::runtime::collective_call_failed((tracker), "NCCL", #call, __FILE__, __LINE__, \
+                                             ncclGetErrorString(vqa_nccl_rc_));            \
+    }                                                                                      \
+  } while (0)
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -70,9 +95,16 @@ class NcclCommunicator final : public Communicator {
     VQA_CHECK_MPI(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
     VQA_CHECK_NCCL(ncclCommInitRank(&comm_, info.world_size, id, info.rank));
     VQA_CHECK_CUDA(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+    tracker_ = std::make_unique<CollectiveTracker>(*this);
+    // The raw pointer stays valid while the watchdog may call: the tracker's
+    // destructor waits for the watchdog's current cycle.
+    tracker_->set_completion_poll(
+        [this, tracker = tracker_.get()] { return poll_completion(*tracker); });
+    tracker_->set_abort_hook([this] { ncclCommAbort(comm_); });
   }
 
   ~NcclCommunicator() override {
+    tracker_.reset();  // no watchdog calls from here on
     cudaStreamSynchronize(comm_stream_);
     ncclCommDestroy(comm_);
     cudaStreamDestroy(comm_stream_);
@@ -84,33 +116,42 @@ class NcclCommunicator final : public Communicator {
     check_buffer(buffer);
     cudaStream_t compute = compute_stream(device_);
     order_after(compute);
-    VQA_CHECK_NCCL(ncclAllReduce(buffer.data_ptr(), buffer.data_ptr(), buffer.numel(),
-                                 nccl_type(buffer), op == ReduceOp::kAverage ? ncclAvg : ncclSum,
-                                 comm_, comm_stream_));
-    cudaEvent_t done;
-    VQA_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    VQA_CHECK_CUDA(cudaEventRecord(done, comm_stream_));
-    return std::make_shared<NcclWork>(done, compute);
+    const int64_t sequence =
+        tracker_->begin(CollectiveKind::kAllreduce, buffer.numel() * buffer.element_size());
+    VQA_CHECK_NCCL_IN(
+        *tracker_,
+        ncclAllReduce(buffer.data_ptr(), buffer.data_ptr(), buffer.numel(), nccl_type(buffer),
+                      op == ReduceOp::kAverage ? ncclAvg : ncclSum, comm_, comm_stream_));
+    SharedEvent done = record_completion(sequence);
+    return std::make_shared<NcclWork>(std::move(done), compute);
   }
 
   void broadcast(const torch::Tensor& buffer, int root) override {
     check_buffer(buffer);
     order_after(compute_stream(device_));
-    VQA_CHECK_NCCL(ncclBroadcast(buffer.data_ptr(), buffer.data_ptr(),
-                                 buffer.numel() * buffer.element_size(), ncclUint8, root, comm_,
-                                 comm_stream_));
+    const int64_t bytes = buffer.numel() * buffer.element_size();
+    const int64_t sequence = tracker_->begin(CollectiveKind::kBroadcast, bytes);
+    VQA_CHECK_NCCL_IN(*tracker_, ncclBroadcast(buffer.data_ptr(), buffer.data_ptr(), bytes,
+                                               ncclUint8, root, comm_, comm_stream_));
+    record_completion(sequence);
     VQA_CHECK_CUDA(cudaStreamSynchronize(comm_stream_));
   }
 
+  // MPI on MPI_COMM_WORLD after the NCCL stream is drained; tracked like the
+  // NCCL collectives, so a rank missing from it is named the same way.
   void barrier() override {
     VQA_CHECK_CUDA(cudaStreamSynchronize(comm_stream_));
+    const int64_t sequence = tracker_->begin(CollectiveKind::kBarrier, 0);
     VQA_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
+    tracker_->end(sequence);
   }
 
   double sum_scalar(double value) override {
     VQA_CHECK_CUDA(cudaStreamSynchronize(comm_stream_));
     double total = 0.0;
+    const int64_t sequence = tracker_->begin(CollectiveKind::kScalarSum, sizeof(double));
     VQA_CHECK_MPI(MPI_Allreduce(&value, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    tracker_->end(sequence);
     return total;
   }
 
@@ -120,6 +161,47 @@ class NcclCommunicator final : public Communicator {
               "NCCL communicator needs a tensor on cuda:" + std::to_string(device_) + ", got " +
                   buffer.device().str());
     VQA_CHECK(buffer.is_contiguous(), "NCCL collectives need a contiguous tensor");
+  }
+
+  // Records an event after collective `sequence` on the communication stream
+  // and hands it to the watchdog's pending list.
+  SharedEvent record_completion(int64_t sequence) {
+    SharedEvent done = event_create();
+    VQA_CHECK_CUDA(cudaEventRecord(done.get(), comm_stream_));
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    pending_.emplace_back(sequence, done);
+    return done;
+  }
+
+  // Watchdog thread: retires the collectives whose event has fired; returns
+  // NCCL's asynchronous error (a peer lost, a network failure), if any.
+  std::string poll_completion(CollectiveTracker& tracker) {
+    cudaSetDevice(device_);  // the watchdog thread's current device
+    for (;;) {
+      std::pair<int64_t, SharedEvent> front;
+      {
+        std::lock_guard<std::mutex> lock(pending_mutex_);
+        if (pending_.empty()) break;
+        front = pending_.front();
+      }
+      const cudaError_t state = cudaEventQuery(front.second.get());
+      if (state == cudaErrorNotReady) break;
+      if (state != cudaSuccess) return std::string("CUDA: ") + cudaGetErrorString(state);
+      tracker.end(front.first);
+      std::lock_guard<std::mutex> lock(pending_mutex_);
+      pending_.pop_front();
+    }
+    ncclResult_t async_error = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &async_error) != ncclSuccess) return "";
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+    if (async_error == ncclInProgress) return "";
+#endif
+    if (async_error == ncclSuccess) return "";
+    std::string text = std::string("NCCL asynchronous error: ") + ncclGetErrorString(async_error);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+    text += std::string(" (") + ncclGetLastError(comm_) + ")";
+#endif
+    return text;
   }
 
   // Makes the communication stream wait for everything queued on `compute` so far.
@@ -134,6 +216,9 @@ class NcclCommunicator final : public Communicator {
   int device_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t comm_stream_ = nullptr;
+  std::mutex pending_mutex_;
+  std::deque<std::pair<int64_t, SharedEvent>> pending_;  // (sequence, event), in stream order
+  std::unique_ptr<CollectiveTracker> tracker_;
 };
 
 }  // namespace

@@ -1,24 +1,103 @@
-// Helper for test_failure: rank 0 waits in an allreduce that can never
-// complete while the last rank makes a failing MPI call. The check must end
-// every rank quickly instead of leaving rank 0 waiting.
+// Helper for the failure tests: a small job on the real communicator that
+// fails in one chosen way.
+//
+//   failure_probe internal | user
+//       the last rank fails a check (or reports bad input) while rank 0 waits
+//       in an allreduce that can never complete
+//   failure_probe stall [--comm-timeout S] [--stall-rank R] [--stall-step K]
+//       allreduce steps with the training position set; rank R (default 1)
+//       stops arriving at step K (default 3) and sleeps, so the others wait
+//   failure_probe loop [--comm-timeout S] [--step-ms M] [--steps N]
+//       N allreduce steps (0: until killed), M ms apart; rank 0 prints
+//       "step K" every 10 steps
 #include <torch/torch.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <thread>
 
 #include "runtime/check.h"         // VQA_CHECK, fatal_user_error
 #include "runtime/communicator.h"  // communicator_create
 #include "runtime/distributed.h"   // distributed_init
+#include "runtime/watchdog.h"      // set_collective_timeout
+
+namespace {
+
+struct ProbeOptions {
+  std::string mode = "internal";
+  double comm_timeout = -1;  // < 0: the runtime's default
+  int stall_rank = 1;
+  int stall_step = 3;
+  int step_ms = 20;
+  int64_t steps = 0;  // 0: no end
+};
+
+ProbeOptions parse(int argc, char** argv) {
+  ProbeOptions options;
+  if (argc > 1) options.mode = argv[1];
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string name = argv[i];
+    const char* value = argv[i + 1];
+    if (name == "--comm-timeout") {
+      options.comm_timeout = std::atof(value);
+    } else if (name == "--stall-rank") {
+      options.stall_rank = std::atoi(value);
+    } else if (name == "--stall-step") {
+      options.stall_step = std::atoi(value);
+    } else if (name == "--step-ms") {
+      options.step_ms = std::atoi(value);
+    } else if (name == "--steps") {
+      options.steps = std::atoll(value);
+    } else {
+      vqa::runtime::fatal_user_error("failure_probe: unknown option " + name);
+    }
+  }
+  return options;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const auto& info = vqa::runtime::distributed_init(&argc, &argv);
-  const std::string mode = argc > 1 ? argv[1] : "internal";
+  const ProbeOptions options = parse(argc, argv);
+  if (options.comm_timeout >= 0) vqa::runtime::set_collective_timeout(options.comm_timeout);
   auto comm = vqa::runtime::communicator_create(vqa::runtime::Backend::kMpi, torch::kCPU);
-  if (info.rank == info.world_size - 1) {
-    if (mode == "user") vqa::runtime::fatal_user_error("probe: bad input on purpose", 3);
-    VQA_CHECK(info.world_size < 0, "probe: failing on purpose");
+  auto buffer = torch::ones({1024});
+
+  if (options.mode == "internal" || options.mode == "user") {
+    if (info.rank == info.world_size - 1) {
+      if (options.mode == "user") vqa::runtime::fatal_user_error("probe: bad input on purpose", 3);
+      VQA_CHECK(info.world_size < 0, "probe: failing on purpose");
+    }
+    comm->allreduce(buffer, vqa::runtime::ReduceOp::kSum);  // never completes on rank 0
+  } else if (options.mode == "stall" || options.mode == "loop") {
+    for (int64_t step = 0; options.steps == 0 || step < options.steps; ++step) {
+      comm->set_position(/*epoch=*/0, step);
+      if (options.mode == "stall" && step == options.stall_step &&
+          info.rank == options.stall_rank) {
+        // Wall-clock time, so the test can time the watchdog from here
+        // rather than from mpirun's (slow, load-dependent) start.
+        const double now =
+            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+        std::fprintf(stderr, "probe: rank %d stalls before step %lld at unix time %.3f\n",
+                     info.rank, static_cast<long long>(step), now);
+        std::this_thread::sleep_for(std::chrono::hours(1));
+      }
+      comm->allreduce_async(buffer, vqa::runtime::ReduceOp::kAverage)->wait();
+      if (info.rank == 0 && step % 10 == 0) {
+        std::printf("step %lld\n", static_cast<long long>(step));
+        std::fflush(stdout);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(options.step_ms));
+    }
+  } else {
+    vqa::runtime::fatal_user_error("failure_probe: unknown mode " + options.mode);
   }
-  auto buffer = torch::ones({16});
-  comm->allreduce(buffer, vqa::runtime::ReduceOp::kSum);  // never completes on rank 0
+  comm.reset();
   vqa::runtime::distributed_finalize();
   return 0;
 }
