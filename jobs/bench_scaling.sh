@@ -19,15 +19,17 @@
 #   DDP=1                 0: leave out the PyTorch DDP reference
 #   CONTROLS=1            0: leave out the controls at 2 ranks (allreduce off; two
 #                         independent 1-rank jobs at once, the machine's ceiling)
+#   DDP_FLAGS=            more jobs/ddp_reference.py flags, e.g. --foreach (they win)
 #   PYTHON=               an interpreter that can `import torch` (default: the
 #                         first of python3, /usr/bin/python3 that can)
 #
 # samples/s is the last epoch's (vqa_train's metrics.jsonl) or the timed steps'
 # (DDP) on rank 0; efficiency is S_N / (N x S_1); the phases are vqa_train's
 # per-step means over all steps of all ranks, in ms ("n/a" from a vqa_train
-# without phase timers). Before timing anything the script checks that both
-# models have the same parameter count and stops if they do not. The defaults
-# take about 6 minutes on 2 cores.
+# without phase timers). The DDP model takes its sizes from vqa_train's log
+# (extra vqa_train flags such as --hidden reach it too); before the first DDP
+# run the script checks that both models have the same parameter count and
+# stops if they do not. The defaults take about 6 minutes on 2 quiet cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -76,9 +78,9 @@ trap 'rm -rf "$work"' EXIT
 "$build/vqa_prep" synth -o "$work/synth.h5" --image-size "$image_size" \
   --train-questions $((batch * max_ranks * steps * 2)) --test-questions 64 >/dev/null
 # "answers: K labels; tokenizer: word, V entries; max question length L"
-read -r num_answers vocab_size question_length < <("$build/vqa_prep" inspect "$work/synth.h5" --records 0 |
-  sed -nE 's/^answers: ([0-9]+) labels; .*, ([0-9]+) entries; max question length ([0-9]+).*/\1 \2 \3/p')
-[[ -n ${question_length:-} ]] || die "could not read the dataset's sizes from vqa_prep inspect"
+question_length=$("$build/vqa_prep" inspect "$work/synth.h5" --records 0 |
+  sed -nE 's/^answers: .*; max question length ([0-9]+).*/\1/p')
+[[ -n $question_length ]] || die "could not read the question length from vqa_prep inspect"
 
 cores=$(nproc)
 mpirun_flags=(--bind-to none)
@@ -115,8 +117,42 @@ run_vqa() {
   metrics_row "$work/$name/metrics.jsonl"
 }
 
-ddp_flags=(--preset "$preset" --batch-per-rank "$batch" --vocab-size "$vocab_size"
-  --num-answers "$num_answers" --image-size "$image_size" --question-length "$question_length")
+# The DDP reference gets every size of vqa_train's model from its "model:"
+# log line ("model: preset=small hidden=256 ... patch_size=16, N parameters"),
+# the bucket size from its config.ini, then DDP_FLAGS (which win). Both
+# models must have the same parameter count, or the comparison means nothing:
+# ddp_setup RUN_DIR sets ddp_flags and parameters, or stops the script.
+ddp_flags=()
+parameters=""
+ddp_setup() {
+  local run=$1 line theirs
+  line=$(grep -m 1 '^model: ' "$run/train.log") || die "no 'model: ...' line in $run/train.log"
+  parameters=$(sed -nE 's/^model: .*, ([0-9]+) parameters$/\1/p' <<<"$line")
+  [[ -n $parameters ]] || die "no parameter count in: $line"
+  [[ $line == *input=pixels* ]] || die "the DDP reference covers pixel input only: $line"
+  ddp_flags=(--preset "$preset" --batch-per-rank "$batch" --question-length "$question_length"
+    --bucket-mb "$(sed -nE 's/^bucket-mb = //p' "$run/config.ini")")
+  local field
+  for field in hidden heads ffn vision_layers text_layers fusion_layers vocab_size \
+    max_text_length num_answers image_size patch_size dropout; do
+    local value
+    value=$(sed -nE "s/.* ${field}=([0-9.eE+-]+)[ ,].*/\1/p" <<<"$line")
+    [[ -n $value ]] || die "no $field in: $line"
+    ddp_flags+=("--${field//_/-}" "$value")
+  done
+  local extra
+  read -r -a extra <<<"${DDP_FLAGS:-}"
+  ddp_flags+=("${extra[@]}")
+  theirs=$("$python" jobs/ddp_reference.py "${ddp_flags[@]}" --count-only |
+    "$json_python" -c 'import json, sys; print(json.load(sys.stdin)["parameters"])') ||
+    die "jobs/ddp_reference.py ${ddp_flags[*]} --count-only failed"
+  if [[ $parameters != "$theirs" ]]; then
+    echo "vqa_train:        $line" >&2
+    echo "ddp_reference.py: $("$python" jobs/ddp_reference.py "${ddp_flags[@]}" --count-only)" >&2
+    die "PARAMETER COUNTS DIFFER: vqa_train $parameters, jobs/ddp_reference.py $theirs; the two models are not the same, so no comparison"
+  fi
+  echo "parameter counts agree: vqa_train and jobs/ddp_reference.py both $parameters" >&2
+}
 
 # run_ddp NAME RANKS -> prints the DDP reference's samples/s
 run_ddp() {
@@ -126,21 +162,6 @@ run_ddp() {
     { cat "$work/$name.log" >&2; die "jobs/ddp_reference.py run $name failed"; }
   "$json_python" -c 'import json, sys; print("%.4f" % json.loads(open(sys.argv[1]).readlines()[-1])["samples_per_second"])' \
     "$work/$name.json"
-}
-
-# Both models must have the same parameter count, or the comparison means nothing.
-check_parameter_counts() {
-  local log=$1 ours theirs
-  ours=$(sed -nE 's/^model: .*, ([0-9]+) parameters$/\1/p' "$log" | head -n 1)
-  [[ -n $ours ]] || die "no 'model: ... N parameters' line in $log"
-  theirs=$("$python" jobs/ddp_reference.py "${ddp_flags[@]}" --count-only |
-    "$json_python" -c 'import json, sys; print(json.load(sys.stdin)["parameters"])')
-  if [[ $ours != "$theirs" ]]; then
-    echo "vqa_train:         $(grep '^model:' "$log")" >&2
-    echo "ddp_reference.py:  $("$python" jobs/ddp_reference.py "${ddp_flags[@]}" --count-only)" >&2
-    die "PARAMETER COUNTS DIFFER: vqa_train $ours, ddp_reference.py $theirs; the two models are not the same"
-  fi
-  echo "$ours"
 }
 
 # Two independent 1-rank jobs at once share nothing but the machine: their
@@ -167,13 +188,12 @@ record() { # impl ranks repeat values...
   echo "$impl,$ranks,$repeat,$*" >>"$runs_csv"
 }
 
-parameters=""
 for r in $(seq "$repeats"); do
   for n in "${ranks_list[@]}"; do
     read -r -a row <<<"$(run_vqa "vqa-$n-$r" "$n" "$@")"
     record vqa-hpc "$n" "$r" "${row[@]}"
     if [[ $with_ddp == 1 ]]; then
-      [[ -n $parameters ]] || parameters=$(check_parameter_counts "$work/vqa-$n-$r/train.log")
+      ((${#ddp_flags[@]})) || ddp_setup "$work/vqa-$n-$r"
       record pytorch-ddp "$n" "$r" "$(run_ddp "ddp-$n-$r" "$n")" n/a n/a n/a n/a n/a n/a
     fi
   done

@@ -10,6 +10,9 @@ with PyTorch DDP (gloo backend, CPU) and prints ONE line of JSON on stdout
 
     {"impl": "pytorch-ddp", "ranks": 2, ..., "parameters": N, "samples_per_second": S}
 
+Every size of vqa_train's model can be given (--hidden, --vision-layers, ...,
+the names of its `model:` log line); jobs/bench_scaling.sh passes all of them
+from that line, so flags given to vqa_train reach this model too.
 `--count-only` builds the model, prints the same line without timing
 (parameters only) and exits; jobs/bench_scaling.sh uses it to check that this
 model and vqa_train's have exactly the same parameter count.
@@ -296,17 +299,31 @@ class M3AE(nn.Module):
         return self.head(fused_text, fused_image)
 
 
+# The model fields a command-line flag may override, as vqa_train's
+# `model:` log line names them (jobs/bench_scaling.sh passes that line's values).
+MODEL_FIELDS = ("hidden", "heads", "ffn", "vision_layers", "text_layers", "fusion_layers",
+                "image_size", "patch_size", "vocab_size", "max_text_length", "num_answers")
+
+
 def model_config(args):
     c = dict(PRESETS[args.preset])
-    # As vqa_train's setup_model_config(): the dataset decides these.
-    for field in ("vocab_size", "num_answers", "image_size"):
+    for field in MODEL_FIELDS:
         value = getattr(args, field)
         if value:
             c[field] = value
+    if args.dropout is not None:
+        c["dropout"] = args.dropout
+    # As vqa_train's setup_model_config(): the position table covers the
+    # dataset's questions.
     c["max_text_length"] = max(c["max_text_length"], args.question_length or 0)
+    for field in MODEL_FIELDS:
+        if c[field] < 1:
+            sys.exit(f"ddp_reference.py: {field} must be positive, got {c[field]}")
+    if c["hidden"] % c["heads"] != 0:
+        sys.exit(f"ddp_reference.py: hidden {c['hidden']} is not a multiple of heads {c['heads']}")
     if c["image_size"] % c["patch_size"] != 0:
-        sys.exit(f"ddp_reference.py: --image-size {c['image_size']} is not a multiple of the "
-                 f"{args.preset} preset's patch size {c['patch_size']}")
+        sys.exit(f"ddp_reference.py: image size {c['image_size']} is not a multiple of the "
+                 f"patch size {c['patch_size']}")
     return c
 
 
@@ -338,9 +355,10 @@ def make_batches(c, batch, question_length, count, seed):
     batches = []
     for _ in range(count):
         images = torch.randn(batch, 3, c["image_size"], c["image_size"], generator=generator)
-        lengths = torch.randint(2, question_length + 1, (batch, 1), generator=generator)
+        lengths = torch.randint(1, question_length + 1, (batch, 1), generator=generator)
         mask = (torch.arange(question_length).unsqueeze(0) < lengths).to(torch.int64)
-        token_ids = torch.randint(3, c["vocab_size"], (batch, question_length),
+        first_word = 3 if c["vocab_size"] > 3 else 0  # after <pad>, <unk>, <cls>
+        token_ids = torch.randint(first_word, c["vocab_size"], (batch, question_length),
                                   generator=generator) * mask
         token_ids[:, 0] = 2  # <cls>
         targets = torch.zeros(batch, c["num_answers"])
@@ -416,12 +434,14 @@ def free_port():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
-    parser.add_argument("--vocab-size", type=int, default=0,
-                        help="the dataset's vocabulary (0: the preset's)")
-    parser.add_argument("--num-answers", type=int, default=0, help="K (0: the preset's)")
-    parser.add_argument("--image-size", type=int, default=0, help="S (0: the preset's)")
     parser.add_argument("--question-length", type=int, default=0,
-                        help="L, tokens per question (0: the preset's max_text_length)")
+                        help="L, tokens per question of the dataset (0: max-text-length)")
+    model = parser.add_argument_group(
+        "model sizes (0: the preset's; vqa_train takes vocabulary, answers and image size "
+        "from the dataset)")
+    for field in MODEL_FIELDS:
+        model.add_argument("--" + field.replace("_", "-"), type=int, default=0)
+    model.add_argument("--dropout", type=float, default=None, help="(default: the preset's)")
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--batch-per-rank", type=int, default=16)
     parser.add_argument("--steps", type=int, default=8, help="timed steps")

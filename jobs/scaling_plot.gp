@@ -14,7 +14,7 @@ set terminal pngcairo size 1400,560 font "sans,11"
 set output png
 set datafile separator ","
 set datafile missing "n/a"
-set key top left
+set key bottom right
 set grid ytics
 
 is_impl(name) = strcol(1) eq name
