@@ -188,19 +188,25 @@ record() { # impl ranks repeat values...
   echo "$impl,$ranks,$repeat,$*" >>"$runs_csv"
 }
 
+# Each result is assigned to a variable first, so that a failed run stops the
+# script (set -e does not see a failure inside an argument's $(...)).
 for r in $(seq "$repeats"); do
   for n in "${ranks_list[@]}"; do
-    read -r -a row <<<"$(run_vqa "vqa-$n-$r" "$n" "$@")"
+    result=$(run_vqa "vqa-$n-$r" "$n" "$@")
+    read -r -a row <<<"$result"
     record vqa-hpc "$n" "$r" "${row[@]}"
     if [[ $with_ddp == 1 ]]; then
       ((${#ddp_flags[@]})) || ddp_setup "$work/vqa-$n-$r"
-      record pytorch-ddp "$n" "$r" "$(run_ddp "ddp-$n-$r" "$n")" n/a n/a n/a n/a n/a n/a
+      result=$(run_ddp "ddp-$n-$r" "$n")
+      record pytorch-ddp "$n" "$r" "$result" n/a n/a n/a n/a n/a n/a
     fi
   done
   if [[ $with_controls == 1 && $has_two == 1 ]]; then
-    read -r -a row <<<"$(run_vqa "nocomm-2-$r" 2 --no-comm "$@")"
+    result=$(run_vqa "nocomm-2-$r" 2 --no-comm "$@")
+    read -r -a row <<<"$result"
     record "vqa-hpc-allreduce-off" 2 "$r" "${row[@]}"
-    record "independent-1-rank-jobs" 2 "$r" "$(pair_concurrent "independent-$r" "$@")" n/a n/a n/a n/a n/a n/a
+    result=$(pair_concurrent "independent-$r" "$@")
+    record "independent-1-rank-jobs" 2 "$r" "$result" n/a n/a n/a n/a n/a n/a
   fi
 done
 [[ -n $parameters ]] || parameters=$(sed -nE 's/^model: .*, ([0-9]+) parameters$/\1/p' "$work/vqa-${ranks_list[0]}-1/train.log")
