@@ -18,7 +18,9 @@
 # next optimiser step, rank 0 writes a checkpoint, and every rank exits with
 # 75 (EX_TEMPFAIL). This script turns 75 into `scontrol requeue`: Slurm ends
 # the job, puts it back in the queue with the same id and
-# SLURM_RESTART_COUNT + 1, and the next start resumes. The launcher runs in
+# SLURM_RESTART_COUNT + 1, and the next start resumes. A cancelled job
+# (scancel: SIGTERM) also leaves a checkpoint when the ranks finish it within
+# Slurm's KillWait, but is not requeued. The launcher runs in
 # the background and the shell waits for it, so no process outlives the
 # script (with proctrack/linuxproc Slurm would not clean one up).
 #
@@ -34,6 +36,9 @@
 #   VQA_BUILD      build directory holding vqa_train and vqa_prep (default build)
 #   VQA_RUN_DIR    run directory (default runs/<config name>-<job id>)
 #   VQA_NCCL_ENV   file sourced for the NCCL settings (default jobs/slurm/nccl_env.sh)
+#   VQA_SIGNAL_SECONDS  the T of a --signal=B:USR1@T given to sbatch on the
+#                  command line (the job only sees the script's own #SBATCH
+#                  line); used to warn about a time limit shorter than T
 
 # The exit status with which vqa_train reports "stopped on request after
 # writing a checkpoint" (src/runtime/stop_request.h: kExitStopRequested).
@@ -118,6 +123,38 @@ slurm_forward_stop() {
   kill -USR1 "$child" 2>/dev/null || true
 }
 
+# slurm_check_time_limit: warns when the job's time limit leaves no time
+# before the SIGUSR1 warning: Slurm sends it at the first time-limit sweep
+# (every 30 s) once the job is within T seconds of its limit, so a job with
+# --time=5 (minutes) and --signal=B:USR1@300 is told to stop as it starts,
+# and would checkpoint and requeue after every step. T is read from the
+# script's own #SBATCH --signal line; VQA_SIGNAL_SECONDS overrides it (for a
+# --signal given on the sbatch command line, which the job cannot see).
+slurm_check_time_limit() {
+  local lead limit seconds=0 days=0 part
+  lead=$(sed -n 's/^#SBATCH --signal=B:USR1@\([0-9]*\).*/\1/p' "$0" 2>/dev/null | head -n 1)
+  lead=${VQA_SIGNAL_SECONDS:-${lead:-0}}
+  limit=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null | grep -o 'TimeLimit=[0-9:-]*' || true)
+  limit=${limit#TimeLimit=}
+  [[ -n $limit && $lead -gt 0 ]] || return 0
+  if [[ $limit == *-* ]]; then
+    days=${limit%%-*}
+    limit=${limit#*-}
+  fi
+  local parts
+  IFS=: read -r -a parts <<<"$limit"
+  for part in "${parts[@]}"; do
+    seconds=$((seconds * 60 + 10#$part))
+  done
+  seconds=$((seconds + days * 86400))
+  if ((seconds <= lead + 60)); then
+    slurm_log "warning: time limit ${seconds} s, SIGUSR1 ${lead} s before it: the run will be" \
+      "told to stop almost at once, and requeue after every few steps; submit with a longer" \
+      "--time or a smaller --signal=B:USR1@<seconds>"
+  fi
+  return 0
+}
+
 slurm_train_job() {
   if (($# < 1)); then
     echo "usage: sbatch [sbatch options] jobs/slurm/<script>.sbatch CONFIG.ini [vqa_train options...]" >&2
@@ -144,6 +181,8 @@ slurm_train_job() {
   slurm_log "job $SLURM_JOB_ID start $((restarts + 1)) (SLURM_RESTART_COUNT=$restarts)" \
     "on ${SLURM_JOB_NUM_NODES:-1} node(s) [${SLURM_JOB_NODELIST:-?}], $SLURM_NTASKS task(s), run directory $run_dir"
 
+  slurm_check_time_limit
+
   local threads=${SLURM_CPUS_PER_TASK:-1}
   export OMP_NUM_THREADS=$threads
   # shellcheck source=jobs/slurm/nccl_env.sh
@@ -161,17 +200,29 @@ slurm_train_job() {
   slurm_log "$launcher exited with status $launch_status"
 
   if ((launch_status == VQA_EXIT_STOP_REQUESTED)); then
-    # The ranks checkpointed and stopped on request: hand the job back to the
-    # queue. Slurm ends this shell as part of the requeue, so say it first.
-    # If Slurm refuses (the job was cancelled, or is not a batch job), say
-    # how to continue by hand instead.
+    local resume_hint="VQA_RUN_DIR=$run_dir sbatch ... $config"
+    # The ranks checkpointed and stopped on request. While the job is still
+    # RUNNING (the time-limit warning, a signal sent on purpose) hand it back
+    # to the queue. A job that Slurm is already ending (COMPLETING: scancel,
+    # the time limit itself, a preemption, which requeues by itself if the
+    # site preempts with REQUEUE) is left to end: Slurm would accept the
+    # requeue of a cancelled job and start it again.
+    local state
+    state=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null | grep -o 'JobState=[A-Z_]*' || true)
+    state=${state#JobState=}
+    if [[ $state != RUNNING ]]; then
+      slurm_log "checkpoint written; job $SLURM_JOB_ID is ${state:-in an unknown state}" \
+        "(cancelled, out of time or preempted), so this script does not requeue it;" \
+        "to continue: $resume_hint"
+      return "$launch_status"
+    fi
+    # Slurm ends this shell as part of the requeue: say it first.
     slurm_log "checkpoint written; requeueing job $SLURM_JOB_ID: its next start resumes from" \
       "$run_dir/checkpoints/latest"
     if scontrol requeue "$SLURM_JOB_ID"; then
       return 0
     fi
-    slurm_log "checkpoint written, but 'scontrol requeue $SLURM_JOB_ID' failed; resume with:" \
-      "VQA_RUN_DIR=$run_dir sbatch ... $config"
+    slurm_log "'scontrol requeue $SLURM_JOB_ID' failed; to continue: $resume_hint"
   fi
   return "$launch_status"
 }

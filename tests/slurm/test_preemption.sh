@@ -56,9 +56,10 @@ jobs/launch_local.sh --ranks 2 --threads 1 "$build/vqa_train" "${train_args[@]}"
 grep '^launch_local.sh\|^+ mpirun' "$work/reference.log"
 
 echo "---- the same run as a Slurm job (launcher $launcher), signalled mid-run"
+# --time=30: far from the script's own warning (300 s before the limit).
 run_dir=$work/run
 job=$(sbatch --parsable --output="$work/job-%j.out" --ntasks-per-node=2 --cpus-per-task=1 \
-  --gpus-per-node=0 --time=10 \
+  --gpus-per-node=0 --time=30 \
   --export="ALL,VQA_LAUNCHER=$launcher,VQA_BUILD=$build,VQA_RUN_DIR=$run_dir" \
   jobs/slurm/train_1node.sbatch "${train_args[@]:1}")
 output=$work/job-$job.out

@@ -4,7 +4,8 @@
 # test, with the launcher the script picks (srun --mpi=pmix here). Checks
 # that the job completes with exit code 0, wrote one metrics.jsonl record per
 # epoch and the DONE marker, and that a job submitted again into the
-# completed run directory does not train again. (Both launchers, preemption
+# completed run directory does not train again, and that a cancelled job is
+# not requeued by its script. (Both launchers, preemption
 # and the numbers against a run without Slurm: test_preemption.sh.)
 #
 #   tests/slurm/test_submit.sh BUILD_DIR SOURCE_DIR
@@ -40,18 +41,20 @@ slurm_cluster_start "$work/slurm"
   --seed 5 >/dev/null
 
 # Submitted as a user would, from the repository root; only the node shape
-# (2 CPU tasks, no GPUs), the time limit and the paths differ.
+# (2 CPU tasks, no GPUs), the time limit and the paths differ. The limit must
+# stay well above the script's SIGUSR1 warning (300 s before it): with
+# --time=5 (minutes) Slurm sends the warning at its first time-limit sweep.
 cd "$source_dir"
 epochs=2
-# submit RUN_DIR: prints the job id. The launcher is left to the script
+# submit RUN_DIR [vqa_train options...]: prints the job id. The launcher is left to the script
 # (auto, the default): it takes srun --mpi=pmix when `srun --mpi=list` offers
 # PMIx, as Debian's Slurm does.
 submit() {
   sbatch --parsable --output="$work/job-%j.out" --ntasks-per-node=2 --cpus-per-task=1 \
-    --gpus-per-node=0 --time=5 \
+    --gpus-per-node=0 --time=30 \
     --export="ALL,VQA_LAUNCHER=auto,VQA_BUILD=$build,VQA_RUN_DIR=$1" \
     jobs/slurm/train_1node.sbatch jobs/configs/quickstart.ini \
-    --train-data "$work/synth.h5" --epochs "$epochs" --progress off
+    --train-data "$work/synth.h5" --epochs "$epochs" --progress off "${@:2}"
 }
 
 run_dir=$work/run
@@ -92,5 +95,27 @@ cat "$work/job-$job.out"
 grep -q "nothing to do" "$work/job-$job.out" || fail "job $job did not report the run complete"
 [[ $(md5sum "$metrics") == "$before" ]] || fail "job $job changed the metrics"
 
+# A job that is cancelled (scancel: SIGTERM to the job) stops, but its
+# script must not requeue it (Slurm would accept that and start it again).
+cancelled_job=$(submit "$work/run-cancelled" --log-every-steps 1)
+output=$work/job-$cancelled_job.out
+start=$SECONDS
+until grep -q "epoch 0 step 1/" "$output" 2>/dev/null; do
+  ((SECONDS - start < 90)) || fail "job $cancelled_job logged no optimiser step within 90 s"
+  sleep 0.1
+done
+scancel "$cancelled_job"
+until grep -q "srun exited with status" "$output"; do
+  ((SECONDS - start < 120)) || fail "the batch script of job $cancelled_job did not finish"
+  sleep 0.2
+done
+sleep 2 # a requeue, had there been one, shows by now
+cat "$output"
+state=$(slurm_job_field "$cancelled_job" JobState)
+restarts=$(slurm_job_field "$cancelled_job" Restarts)
+echo "job $cancelled_job after scancel: $state, restarts $restarts"
+[[ $state == CANCELLED && $restarts == 0 ]] ||
+  fail "the cancelled job $cancelled_job is $state with $restarts restarts"
+
 echo "PASS: job $first_job completed the quickstart through the batch script;" \
-  "job $job left the completed run alone"
+  "job $job left the completed run alone; job $cancelled_job stayed cancelled"
