@@ -86,6 +86,9 @@ slurm_launch_command() {
     for variable in OMP_NUM_THREADS $(compgen -e | grep '^NCCL_' || true); do
       launch_command+=(-x "$variable")
     done
+    # TCP keepalive for mpirun's daemons: a lost node ends the job in about
+    # 20 s instead of 8 minutes (the file says why).
+    [[ -f jobs/mca-params.conf ]] && launch_command+=(-am "$PWD/jobs/mca-params.conf")
     # Open MPI refuses root unless told; containers and CI run jobs as root.
     [[ $(id -u) -eq 0 ]] && launch_command+=(--allow-run-as-root)
   fi
