@@ -42,8 +42,7 @@ void bf16_sum(void* in, void* inout, int* count, MPI_Datatype* /*type*/) {
   } while (0)
 
 double steady_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // MPI counts are int; larger buffers go in pieces of this many elements.
@@ -209,7 +208,7 @@ class MpiCommunicator final : public Communicator {
     if (pending.op == ReduceOp::kAverage && info_.world_size > 1) {
       buffer.div_(static_cast<double>(info_.world_size));
     }
-    pending.work->set_times(began, steady_seconds());
+    if (pending.work) pending.work->set_times(began, steady_seconds());  // null: blocking call
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
