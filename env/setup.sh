@@ -15,6 +15,12 @@ packages=(
   libopencv-core-dev libopencv-imgcodecs-dev libopencv-imgproc-dev  # image decode/resize in vqa_prep
   nlohmann-json3-dev                    # VQA-RAD / SLAKE JSON in vqa_prep
   libgtest-dev                          # tests
+  shellcheck                            # lint of the job scripts (a test)
+  slurmctld slurmd slurm-client munge   # a real single-node Slurm for the cluster-script tests
+  iproute2                              # network namespaces for the partition test
+  clang libclang-rt-14-dev              # libFuzzer targets (tests/fuzz)
+  gnuplot-nox                           # the scaling report's PNG (jobs/bench_scaling.sh)
+  python3-torch                         # the PyTorch DDP reference run (jobs/ddp_reference.py)
 )
 
 missing=()

@@ -71,6 +71,9 @@ class OptionTable {
     add("bf16-allreduce", &c.bf16_allreduce, "send gradients as bfloat16 (half the bytes)");
     add("bf16-autocast", &c.bf16_autocast, "bfloat16 autocast for the forward pass (GPU only)");
     add("no-comm", &c.no_comm, "benchmark only: skip the gradient allreduce (ranks diverge)");
+    add("comm-timeout", &c.comm_timeout,
+        "seconds a collective may wait: a warning names the ranks that have not arrived at "
+        "half of it, the job aborts at it (0: no deadline)");
     add("eval-every", &c.eval_every, "evaluate every N epochs (0: never)");
     add("save-every", &c.save_every, "write a checkpoint every N epochs (0: never)");
     add("keep-checkpoints", &c.keep_checkpoints,
@@ -83,6 +86,17 @@ class OptionTable {
     add("progress", &c.progress,
         "progress bar on rank 0: auto (stdout is a terminal and not under mpirun, whose ranks "
         "always get a pseudo-terminal) | on | off");
+    add("phase-timers", &c.phase_timers,
+        "time each step's phases on every rank; epoch summary and diagnosis on rank 0");
+    add("timeline", &c.timeline,
+        "write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) to this file");
+    add("timeline-first-step", &c.timeline_first_step, "first optimiser step in the timeline");
+    add("timeline-steps", &c.timeline_steps, "optimiser steps in the timeline");
+    add("test-slow-rank", &c.test_slow_rank,
+        "testing only: this rank spends --test-slow-ms more per micro-step in forward");
+    add("test-slow-ms", &c.test_slow_ms, "testing only: see --test-slow-rank");
+    add("test-data-delay-ms", &c.test_data_delay_ms,
+        "testing only: every rank waits this long more for each batch");
     add("out", &c.out, "run directory: log, metrics, config, checkpoints");
     add("resume", &c.resume,
         "'' (start fresh), 'auto' (latest checkpoint in --out if any) or a checkpoint file");
@@ -163,6 +177,17 @@ void config_finalize(TrainConfig& c, int world_size) {
   }
   if (c.progress != "auto" && c.progress != "on" && c.progress != "off") {
     fatal_user_error("--progress must be auto, on or off, got '" + c.progress + "'");
+  }
+  if (c.timeline_steps < 1 || c.timeline_steps > 1000) {
+    fatal_user_error("--timeline-steps must be in [1, 1000] (the file grows with it), got " +
+                     std::to_string(c.timeline_steps));
+  }
+  if (c.timeline_first_step < 0) {
+    fatal_user_error("--timeline-first-step must be >= 0, got " +
+                     std::to_string(c.timeline_first_step));
+  }
+  if (c.test_slow_ms < 0 || c.test_data_delay_ms < 0) {
+    fatal_user_error("--test-slow-ms and --test-data-delay-ms must be >= 0");
   }
   for (const char* device : {"auto", "cpu", "cuda"}) {
     if (c.device == device) return;

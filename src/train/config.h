@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/watchdog.h"  // kDefaultCollectiveTimeoutSeconds
+
 namespace vqa::train {
 
 struct TrainConfig {
@@ -37,13 +39,23 @@ struct TrainConfig {
   bool bf16_allreduce = false;
   bool bf16_autocast = false;  // GPU only
   bool no_comm = false;        // benchmark only: skip the gradient allreduce
+  double comm_timeout = runtime::kDefaultCollectiveTimeoutSeconds;  // per collective; 0: none
   // loop, evaluation, output
   int eval_every = 1;
   int save_every = 1;
-  int keep_checkpoints = 3;         // newest checkpoints kept in <out>/checkpoints; 0: all
-  int64_t max_steps_per_epoch = 0;  // 0: whole epoch (benchmarks cap it)
-  int64_t log_every_steps = 0;      // 0: only per-epoch lines
-  std::string progress = "auto";    // auto | on | off: the in-place progress bar on rank 0
+  int keep_checkpoints = 3;          // newest checkpoints kept in <out>/checkpoints; 0: all
+  int64_t max_steps_per_epoch = 0;   // 0: whole epoch (benchmarks cap it)
+  int64_t log_every_steps = 0;       // 0: only per-epoch lines
+  std::string progress = "auto";     // auto | on | off: the in-place progress bar on rank 0
+  bool phase_timers = true;          // per-step phase timers, epoch summary and diagnosis
+  std::string timeline;              // Chrome trace-event JSON file; "" none
+  int64_t timeline_first_step = 10;  // first global optimiser step in the timeline
+  int64_t timeline_steps = 5;        // optimiser steps in the timeline
+  // Test-only fault injection (the diagnosis tests): extra compute time per
+  // micro-step on one rank, and extra data-loading time on every rank.
+  int test_slow_rank = -1;
+  double test_slow_ms = 0.0;
+  double test_data_delay_ms = 0.0;
   std::string out = "runs/quickstart";
   std::string resume;  // "" none, "auto" latest in --out, or a checkpoint file
   std::string config_file;

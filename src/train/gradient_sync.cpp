@@ -6,6 +6,12 @@
 
 namespace vqa::train {
 
+namespace {
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
 GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
                                            runtime::Communicator& comm,
                                            const GradientSyncOptions& options)
@@ -98,6 +104,7 @@ void GradientSynchronizer::launch_ready_buckets() {
   while (next_to_launch_ < static_cast<int64_t>(buckets_.size()) &&
          buckets_[next_to_launch_].pending == 0) {
     Bucket& bucket = buckets_[next_to_launch_++];
+    bucket.launched = steady_seconds();
     if (options_.bf16) {
       bucket.wire.copy_(bucket.flat);
       bucket.work = comm_.allreduce_async(bucket.wire, runtime::ReduceOp::kAverage);
@@ -136,6 +143,16 @@ void GradientSynchronizer::finish_backward() {
   for (auto& bucket : buckets_) bucket.work->wait();
   stats_.exposed_wait_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double busy = 0.0;
+  bool timed = true;
+  for (const auto& bucket : buckets_) {
+    if (bucket.work->ended_at() <= 0) timed = false;
+    busy += bucket.work->ended_at() - bucket.work->began_at();
+  }
+  if (timed) {
+    stats_.allreduce_seconds += busy;
+    ++stats_.timed_steps;
+  }
 
   for (auto& bucket : buckets_) {
     if (options_.bf16) bucket.flat.copy_(bucket.wire);
@@ -150,6 +167,17 @@ void GradientSynchronizer::finish_backward() {
   }
   ++stats_.synchronised_steps;
   syncing_ = false;
+}
+
+std::vector<BucketTiming> GradientSynchronizer::last_step_timings() const {
+  std::vector<BucketTiming> timings;
+  for (int64_t k = 0; k < static_cast<int64_t>(buckets_.size()); ++k) {
+    const Bucket& bucket = buckets_[k];
+    if (!bucket.work) continue;
+    timings.push_back({k, (options_.bf16 ? bucket.wire : bucket.flat).nbytes(), bucket.launched,
+                       bucket.work->began_at(), bucket.work->ended_at()});
+  }
+  return timings;
 }
 
 std::vector<int64_t> GradientSynchronizer::bucket_bytes() const {

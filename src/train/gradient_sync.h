@@ -35,6 +35,20 @@ struct GradientSyncStats {
   int64_t bytes_per_step = 0;         // bytes each rank allreduces per optimiser step
   double exposed_wait_seconds = 0.0;  // cumulative host time finish_backward waited
   int64_t synchronised_steps = 0;
+  // Cumulative seconds the backend spent running gradient allreduces
+  // (queueing excluded), over the steps it could tell (timed_steps).
+  double allreduce_seconds = 0.0;
+  int64_t timed_steps = 0;
+};
+
+// One bucket's allreduce in the last synchronised step, in
+// std::chrono::steady_clock seconds (time_since_epoch): launched when its
+// last gradient arrived, ran from began to ended (0 when the backend cannot
+// tell: NCCL).
+struct BucketTiming {
+  int64_t bucket = 0;
+  int64_t bytes = 0;
+  double launched = 0.0, began = 0.0, ended = 0.0;
 };
 
 class GradientSynchronizer {
@@ -62,6 +76,8 @@ class GradientSynchronizer {
   const GradientSyncStats& stats() const { return stats_; }
   // Bucket sizes in bytes, in launch order.
   std::vector<int64_t> bucket_bytes() const;
+  // The buckets of the last synchronised step, in launch order.
+  std::vector<BucketTiming> last_step_timings() const;
 
  private:
   struct Slot {
@@ -76,6 +92,7 @@ class GradientSynchronizer {
     int64_t pending = 0;
     std::vector<bool> arrived;
     runtime::WorkHandle work;
+    double launched = 0.0;  // steady_clock seconds
   };
 
   void on_gradient(int64_t index, const torch::Tensor& grad);

@@ -29,9 +29,10 @@ void RunLog::epoch_header() {
   info(line);
 }
 
-void RunLog::epoch(int64_t epoch, const EpochStats& train, const EvalStats* eval, bool best) {
+void RunLog::epoch(int64_t epoch, const EpochStats& train, const EvalStats* eval, bool best,
+                   const nlohmann::json* step_report) {
   if (!writer_) return;
-  const double throughput = train.seconds > 0 ? train.samples / train.seconds : 0.0;
+  const double throughput = train.seconds > 0 ? train.timed_samples / train.seconds : 0.0;
   char line[256];
   if (eval) {
     std::snprintf(line, sizeof(line), "%5lld %7.2f%% %7.2f%% %7.2f%% %9.4f %10.3e %8.1f %10.1f%s",
@@ -62,6 +63,11 @@ void RunLog::epoch(int64_t epoch, const EpochStats& train, const EvalStats* eval
     record["test_questions"] = eval->accuracy.total;
     record["eval_seconds"] = eval->seconds;
     record["best"] = best;
+  }
+  if (step_report) {
+    for (const auto& [key, value] : step_report->items()) {
+      if (!record.contains(key)) record[key] = value;
+    }
   }
   json_ << record.dump() << "\n";
   json_.flush();

@@ -3,6 +3,8 @@
 // Other ranks hold a RunLog that writes nothing.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <fstream>
 #include <string>
 
@@ -17,8 +19,11 @@ class RunLog {
   // A line for stdout and train.log.
   void info(const std::string& line);
   void epoch_header();
-  // eval may be null when this epoch was not evaluated.
-  void epoch(int64_t epoch, const EpochStats& train, const EvalStats* eval, bool best);
+  // eval may be null when this epoch was not evaluated; step_report (the
+  // phase breakdown and diagnosis, epoch_report_json) is merged into the
+  // JSON record when given.
+  void epoch(int64_t epoch, const EpochStats& train, const EvalStats* eval, bool best,
+             const nlohmann::json* step_report = nullptr);
 
  private:
   bool writer_;

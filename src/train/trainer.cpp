@@ -4,10 +4,14 @@
 
 #include <unistd.h>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
+#include <utility>
 
-#include "runtime/check.h"  // fatal_user_error
+#include "runtime/check.h"        // fatal_user_error, VQA_CHECK
+#include "runtime/distributed.h"  // distributed_gather_strings
 
 namespace vqa::train {
 
@@ -37,11 +41,47 @@ class AutocastScope {
   bool enabled_;
 };
 
-// Seeds dropout and any other randomness from (seed, epoch, rank), so an
-// epoch run after a resume draws what it would have drawn without one.
-void seed_epoch(uint64_t seed, int64_t epoch, int rank) {
-  torch::manual_seed(seed * 1000003ull + static_cast<uint64_t>(epoch) * 7919ull +
+// Seeds dropout and any other randomness from (seed, optimiser step, rank),
+// so a step run after a resume draws what it would have drawn without one.
+void seed_step(uint64_t seed, int64_t global_step, int rank) {
+  torch::manual_seed(seed * 1000003ull + static_cast<uint64_t>(global_step) * 7919ull +
                      static_cast<uint64_t>(rank));
+}
+
+// This rank's share of a stopped epoch's running totals, from the state a
+// checkpoint restored: its own entry when the rank count is unchanged; with
+// another rank count rank 0 carries the sums (the loss mean stays right, the
+// per-rank split does not matter).
+std::pair<double, int64_t> restored_partial_totals(const TrainState& state, int rank,
+                                                   int world_size) {
+  const auto ranks = static_cast<int>(state.partial_samples.size());
+  if (ranks == 0) return {0.0, 0};
+  if (ranks == world_size)
+    return {state.partial_loss_sums.at(rank), state.partial_samples.at(rank)};
+  if (rank != 0) return {0.0, 0};
+  double loss = 0.0;
+  int64_t samples = 0;
+  for (int r = 0; r < ranks; ++r) {
+    loss += state.partial_loss_sums.at(r);
+    samples += state.partial_samples.at(r);
+  }
+  return {loss, samples};
+}
+
+// Every rank's running totals, gathered for the checkpoint, exactly (hex floats).
+void gather_partial_totals(double loss_sum, int64_t samples, TrainState& state) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%a %lld", loss_sum, static_cast<long long>(samples));
+  state.partial_loss_sums.clear();
+  state.partial_samples.clear();
+  for (const auto& entry : runtime::distributed_gather_strings(text)) {
+    double loss = 0.0;
+    long long count = 0;
+    VQA_CHECK(std::sscanf(entry.c_str(), "%la %lld", &loss, &count) == 2,
+              "bad running totals: " + entry);
+    state.partial_loss_sums.push_back(loss);
+    state.partial_samples.push_back(count);
+  }
 }
 
 // Open MPI gives every rank a pseudo-terminal even when mpirun's own output
@@ -94,30 +134,49 @@ torch::Tensor vqa_loss(const torch::Tensor& logits, const torch::Tensor& targets
 
 EpochStats train_epoch(model::M3AE& model, data::ShardedLoader& loader, VqaOptimizer& optimizer,
                        GradientSynchronizer& gradients, runtime::Communicator& comm,
+                       runtime::StopAgreement& stop, StepTimer& timer, Timeline& timeline,
                        const TrainConfig& config, const torch::Device& device, TrainState& state) {
   const auto start = Clock::now();
   const int64_t epoch = state.next_epoch;
   const int64_t steps = optimizer_steps_per_epoch(loader, config);
-  seed_epoch(config.seed, epoch, comm.rank());
+  const int64_t first_step = std::min(state.step_in_epoch, steps);
   model->train();
-  loader.start_epoch(epoch);
+  loader.start_epoch(epoch, /*skip_steps=*/first_step * config.accumulation_steps);
   const double data_wait_before = loader.wait_seconds();
   const double comm_wait_before = gradients.stats().exposed_wait_seconds;
   const bool show_progress = comm.rank() == 0 && progress_bar_wanted(config.progress);
 
   // Loss and sample count stay on the device until the epoch ends: no host
   // synchronisation per step.
-  auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
-  int64_t samples = 0;
+  const auto [restored_loss, restored_samples] =
+      restored_partial_totals(state, comm.rank(), comm.world_size());
+  auto loss_sum =
+      torch::full({}, restored_loss, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+  int64_t samples = restored_samples;
   data::Batch host_batch;
   EpochStats stats;
-  for (int64_t step = 0; step < steps; ++step) {
+  // Test-only fault injection (--test-slow-rank/--test-slow-ms, --test-data-delay-ms).
+  using Milliseconds = std::chrono::duration<double, std::milli>;
+  const Milliseconds slow_delay(comm.rank() == config.test_slow_rank ? config.test_slow_ms : 0.0);
+  const Milliseconds data_delay(config.test_data_delay_ms);
+  int64_t step = first_step;
+  for (; step < steps; ++step) {
+    if (stop.poll()) {
+      stats.stop_signal = stop.signal();
+      break;
+    }
+    comm.set_position(epoch, state.global_step);
+    seed_step(config.seed, state.global_step, comm.rank());
+    timer.begin_step(state.global_step);
     for (int64_t micro = 0; micro < config.accumulation_steps; ++micro) {
+      if (data_delay.count() > 0) std::this_thread::sleep_for(data_delay);
       if (!loader.next(host_batch)) {
         runtime::fatal_user_error("the train loader ran out of batches at epoch " +
                                   std::to_string(epoch) + " step " + std::to_string(step));
       }
+      timer.end_phase(Phase::kDataWait);
       const data::Batch batch = batch_to_device(host_batch, device);
+      timer.end_phase(Phase::kHostToDevice);
       gradients.prepare_backward(/*sync=*/micro == config.accumulation_steps - 1);
       torch::Tensor loss;
       {
@@ -125,16 +184,33 @@ EpochStats train_epoch(model::M3AE& model, data::ShardedLoader& loader, VqaOptim
         loss = vqa_loss(model->forward(batch.images, batch.token_ids, batch.attention_mask),
                         batch.targets);
       }
+      if (slow_delay.count() > 0) std::this_thread::sleep_for(slow_delay);
+      timer.end_phase(Phase::kForward);
       (loss / static_cast<double>(config.accumulation_steps)).backward();
+      timer.end_phase(Phase::kBackward);
       loss_sum += loss.detach().to(torch::kFloat64) * static_cast<double>(host_batch.size());
       samples += host_batch.size();
     }
     gradients.finish_backward();
+    timer.end_phase(Phase::kCommExposed);
     if (config.grad_clip > 0) clip_gradient_norm(model->parameters(), config.grad_clip);
     stats.learning_rate = optimizer.learning_rate(state.global_step);
     optimizer.step(state.global_step);
     optimizer.zero_grad();
+    timer.end_phase(Phase::kOptimizer);
+    timer.end_step();
+    if (timeline.active() && timeline.in_window(state.global_step)) {
+      for (const auto& bucket : gradients.last_step_timings()) {
+        // Without the backend's timing (NCCL), a mark at the launch.
+        const double began = bucket.ended > 0 ? bucket.began : bucket.launched;
+        const double ended = bucket.ended > 0 ? bucket.ended : bucket.launched;
+        timeline.add_collective(state.global_step, bucket.bucket, bucket.bytes,
+                                timer.from_steady(began), timer.from_steady(ended));
+      }
+    }
     ++state.global_step;
+    // Timings of steps the device has finished; never waits.
+    for (auto& times : timer.collect(/*wait=*/false)) stats.step_times.push_back(std::move(times));
     if (config.log_every_steps > 0 && (step + 1) % config.log_every_steps == 0 &&
         comm.rank() == 0) {
       std::printf("  epoch %lld step %lld/%lld  %.1f s\n", (long long)epoch, (long long)step + 1,
@@ -150,20 +226,37 @@ EpochStats train_epoch(model::M3AE& model, data::ShardedLoader& loader, VqaOptim
     }
   }
   if (show_progress) std::printf("\r%80s\r", "");
-
-  // One small allreduce at the end of the epoch: loss sum and sample count.
-  auto totals = torch::stack(
-      {loss_sum.to(torch::kFloat32),
-       torch::tensor(static_cast<float>(samples), loss_sum.options().dtype(torch::kFloat32))});
-  comm.allreduce(totals, runtime::ReduceOp::kSum);
-  const auto host_totals = totals.to(torch::kCPU);
-  stats.samples = static_cast<int64_t>(host_totals[1].item<float>());
-  stats.mean_loss = stats.samples > 0 ? host_totals[0].item<float>() / stats.samples : 0.0;
+  for (auto& times : timer.collect(/*wait=*/true)) stats.step_times.push_back(std::move(times));
   stats.optimizer_steps = steps;
   stats.data_wait_seconds = loader.wait_seconds() - data_wait_before;
   stats.comm_wait_seconds = gradients.stats().exposed_wait_seconds - comm_wait_before;
+
+  if (stats.stop_signal != 0) {
+    // Stopped at a step boundary: keep the position and every rank's running
+    // totals for the checkpoint; the epoch's line is written when it ends.
+    state.step_in_epoch = step;
+    gather_partial_totals(loss_sum.item<double>(), samples, state);
+    stats.seconds = seconds_since(start);
+    return stats;
+  }
+
+  // One small allreduce at the end of the epoch: loss sum, sample count and
+  // the samples this process timed (float32, exact for counts below 2^24).
+  const int64_t timed_samples = samples - restored_samples;
+  auto totals =
+      torch::stack({loss_sum, torch::tensor(static_cast<double>(samples), loss_sum.options()),
+                    torch::tensor(static_cast<double>(timed_samples), loss_sum.options())})
+          .to(torch::kFloat32);
+  comm.allreduce(totals, runtime::ReduceOp::kSum);
+  const auto host_totals = totals.to(torch::kCPU).to(torch::kFloat64);
+  stats.samples = std::llround(host_totals[1].item<double>());
+  stats.timed_samples = std::llround(host_totals[2].item<double>());
+  stats.mean_loss = stats.samples > 0 ? host_totals[0].item<double>() / stats.samples : 0.0;
   stats.seconds = seconds_since(start);
   state.next_epoch = epoch + 1;
+  state.step_in_epoch = 0;
+  state.partial_loss_sums.clear();
+  state.partial_samples.clear();
   return stats;
 }
 

@@ -7,10 +7,13 @@
 #include "data/loader.h"           // ShardedLoader, Batch
 #include "model/m3ae.h"            // M3AE
 #include "runtime/communicator.h"  // Communicator
+#include "runtime/stop_request.h"  // StopAgreement
 #include "train/config.h"          // TrainConfig
 #include "train/gradient_sync.h"   // GradientSynchronizer
 #include "train/metrics.h"         // Accuracy
 #include "train/optimizer.h"       // VqaOptimizer
+#include "train/step_timer.h"      // StepTimer, StepTimes
+#include "train/timeline.h"        // Timeline
 
 namespace vqa::train {
 
@@ -20,16 +23,26 @@ struct TrainState {
   int64_t global_step = 0;  // optimiser steps taken
   double best_overall = -1.0;
   int64_t best_epoch = -1;
+  // A run stopped inside an epoch (a stop request): the optimiser steps of
+  // next_epoch already taken, and every rank's running loss sum and sample
+  // count for that epoch, in rank order, so the resumed epoch reports what
+  // the uninterrupted one would have.
+  int64_t step_in_epoch = 0;
+  std::vector<double> partial_loss_sums;
+  std::vector<int64_t> partial_samples;
 };
 
 struct EpochStats {
   double mean_loss = 0.0;  // over every sample of every rank
-  double seconds = 0.0;
+  double seconds = 0.0;    // of this process's part of the epoch
   int64_t optimizer_steps = 0;
-  int64_t samples = 0;             // over all ranks, padding included
-  double data_wait_seconds = 0.0;  // this rank
-  double comm_wait_seconds = 0.0;  // this rank: finish_backward's wait
-  double learning_rate = 0.0;      // encoders' lr at the last step
+  int64_t samples = 0;        // over all ranks, padding included, the whole epoch
+  int64_t timed_samples = 0;  // over all ranks, in `seconds` (less after a mid-epoch resume)
+  int stop_signal = 0;        // non-zero: the ranks agreed to stop inside this epoch
+  std::vector<StepTimes> step_times;  // this rank's timed steps (empty with timers off)
+  double data_wait_seconds = 0.0;     // this rank
+  double comm_wait_seconds = 0.0;     // this rank: finish_backward's wait
+  double learning_rate = 0.0;         // encoders' lr at the last step
 };
 
 struct EvalStats {
@@ -53,8 +66,15 @@ torch::Tensor vqa_loss(const torch::Tensor& logits, const torch::Tensor& targets
 // double, the scale stays on the device: no host synchronisation per step.
 void clip_gradient_norm(const std::vector<torch::Tensor>& parameters, double max_norm);
 
+// Runs the optimiser steps of epoch state.next_epoch from state.step_in_epoch
+// on. At every step boundary every rank polls `stop`; when the ranks agree
+// to stop, the epoch ends early with stop_signal set and `state` describing
+// the position (ready for checkpoint_save); otherwise state moves to the next
+// epoch. Randomness is seeded per optimiser step, so a resumed run draws what
+// the uninterrupted one would have.
 EpochStats train_epoch(model::M3AE& model, data::ShardedLoader& loader, VqaOptimizer& optimizer,
                        GradientSynchronizer& gradients, runtime::Communicator& comm,
+                       runtime::StopAgreement& stop, StepTimer& timer, Timeline& timeline,
                        const TrainConfig& config, const torch::Device& device, TrainState& state);
 
 // Every rank evaluates its shard of the test split; counts are summed.

@@ -1,6 +1,7 @@
 // vqa_train end to end under mpirun on a small synthetic set: data-parallel
-// equivalence, exact resume, resume at another rank count, refusal of a
-// global batch that does not divide.
+// equivalence, exact resume, resume at another rank count, a stop signal
+// (checkpoint, exit 75, exact resume mid-epoch), refusal of a global batch
+// that does not divide.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
@@ -150,6 +151,51 @@ TEST_F(TrainingRuns, ResumeContinuesExactlyAndAtAnotherRankCount) {
                 1e-4 * want["train_loss"].get<double>());
     EXPECT_EQ(got_one_rank[i]["lr"].get<double>(), want["lr"].get<double>());
   }
+}
+
+TEST_F(TrainingRuns, StopSignalOnOneRankCheckpointsEveryRankAndResumesExactly) {
+  const std::string common =
+      " --epochs 5 --max-steps-per-epoch 30 --global-batch 16 --batch-per-rank 8 ";
+  const auto straight = train("uninterrupted", 2, common);
+  const std::string out = directory_ + "/stopped";
+  // SIGUSR1 to one rank only, once the first epoch is logged: the other rank
+  // must stop at the same step through the agreement, not by its own signal.
+  const auto stopped = vqa::testing::run_process(
+      vqa::testing::mpirun_prefix(2) + VQA_TRAIN + " --train-data " + dataset_ + " --out " + out +
+          " --threads 1 --progress off --lr 1e-3 --seed 3 " + common + " & job=$!; " +
+          "while [ ! -s " + out + "/metrics.jsonl ]; do sleep 0.05; done; " +
+          "kill -USR1 $(pgrep -P $job | tail -n 1); wait $job",
+      300);
+  EXPECT_EQ(stopped.exit_code, 75) << stopped.output;
+  EXPECT_LT(stopped.seconds, 120.0);
+  EXPECT_NE(stopped.output.find("stopped by SIGUSR1 at epoch"), std::string::npos)
+      << stopped.output;
+  EXPECT_FALSE(fs::exists(out + "/DONE"));
+  std::ifstream latest(out + "/checkpoints/latest");
+  std::string name;
+  ASSERT_TRUE(latest >> name) << "no checkpoints/latest after the stop";
+  std::printf("stop checkpoint: %s\n", name.c_str());
+
+  train("stopped", 2, common + "--resume auto");
+  EXPECT_NE(last_output_.find("resumed from"), std::string::npos) << last_output_;
+  EXPECT_TRUE(fs::exists(out + "/DONE"));
+  const auto want = metrics(straight);
+  const auto got = metrics(out);
+  ASSERT_EQ(want.size(), 5u);
+  ASSERT_EQ(got.size(), want.size());
+  // Same ranks, threads and order of operations on CPU: every field except
+  // the timings is identical, the stopped epoch's loss and sample count too.
+  for (size_t i = 0; i < want.size(); ++i) {
+    for (const char* key : {"epoch", "train_loss", "test_loss", "overall", "open", "closed", "lr",
+                            "samples", "optimizer_steps", "best"}) {
+      EXPECT_EQ(got[i][key], want[i][key]) << key << " epoch " << i;
+    }
+  }
+
+  // A completed run started again with --resume auto does nothing.
+  train("stopped", 2, common + "--resume auto");
+  EXPECT_NE(last_output_.find("nothing to do"), std::string::npos) << last_output_;
+  EXPECT_EQ(metrics(out).size(), want.size());
 }
 
 TEST_F(TrainingRuns, GlobalBatchThatDoesNotDivideIsRefusedOnEveryRank) {

@@ -1,0 +1,319 @@
+#include "train/step_report.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "runtime/check.h"        // VQA_CHECK
+#include "runtime/distributed.h"  // distributed_gather_strings, distributed_max
+
+namespace vqa::train {
+
+namespace {
+
+std::string format(const char* pattern, double a, double b = 0, double c = 0, double d = 0) {
+  char text[512];
+  std::snprintf(text, sizeof(text), pattern, a, b, c, d);
+  return text;
+}
+
+double share(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
+
+std::string phase_key(int phase) { return phase_name(static_cast<Phase>(phase)); }
+
+}  // namespace
+
+double allreduce_bus_gbps(int64_t bytes, int ranks, double seconds) {
+  if (seconds <= 0 || ranks < 2) return 0.0;
+  return static_cast<double>(bytes) / seconds * 2.0 * (ranks - 1) / ranks / 1e9;
+}
+
+double allreduce_probe_bus_gbps(runtime::Communicator& comm, int64_t bytes,
+                                const torch::Device& device, int repeats) {
+  if (comm.world_size() < 2 || bytes <= 0) return 0.0;
+  auto buffer = torch::ones({std::max<int64_t>(1, bytes / 4)},
+                            torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  std::vector<double> seconds;
+  for (int i = 0; i <= repeats; ++i) {
+    comm.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    comm.allreduce(buffer, runtime::ReduceOp::kAverage);
+    buffer[0].item<float>();  // on a GPU: waits for the allreduce to finish
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (i > 0) seconds.push_back(elapsed);  // the first is the warm-up
+  }
+  // Every rank reports the slowest rank's time, as the benchmark does.
+  const double median = summarize(seconds).p50;
+  const double slowest =
+      static_cast<double>(runtime::distributed_max(static_cast<int64_t>(median * 1e9))) / 1e9;
+  return allreduce_bus_gbps(buffer.nbytes(), comm.world_size(), slowest);
+}
+
+RankSummary rank_summary_build(int rank, const std::vector<StepTimes>& steps,
+                               int64_t samples_per_step, double eval_seconds,
+                               double allreduce_seconds) {
+  RankSummary summary;
+  summary.rank = rank;
+  summary.allreduce_seconds = allreduce_seconds;
+  summary.steps = static_cast<int64_t>(steps.size());
+  summary.eval_seconds = eval_seconds;
+  if (steps.empty()) return summary;
+  std::vector<double> totals;
+  for (const auto& step : steps) {
+    totals.push_back(step.total());
+    for (int p = 0; p < kPhaseCount; ++p) summary.phase_mean[p] += step.seconds[p];
+  }
+  for (auto& mean : summary.phase_mean) mean /= static_cast<double>(steps.size());
+  const Summary step = summarize(totals);
+  summary.step_mean = step.mean;
+  summary.step_p50 = step.p50;
+  summary.step_p95 = step.p95;
+  summary.own_mean = summary.step_mean - summary.phase_mean[static_cast<int>(Phase::kCommExposed)];
+  summary.samples_per_second = share(static_cast<double>(samples_per_step), step.mean);
+  return summary;
+}
+
+std::vector<RankSummary> rank_summaries_gather(const RankSummary& mine) {
+  std::ostringstream text;
+  text.precision(17);
+  text << mine.rank << ' ' << mine.steps << ' ' << mine.step_mean << ' ' << mine.step_p50 << ' '
+       << mine.step_p95 << ' ' << mine.own_mean << ' ' << mine.samples_per_second << ' '
+       << mine.eval_seconds << ' ' << mine.allreduce_seconds;
+  for (double mean : mine.phase_mean) text << ' ' << mean;
+  const auto all = runtime::distributed_gather_strings(text.str());
+  std::vector<RankSummary> summaries;
+  if (runtime::distributed_rank_info().rank != 0) return summaries;
+  for (const auto& line : all) {
+    std::istringstream in(line);
+    RankSummary summary;
+    in >> summary.rank >> summary.steps >> summary.step_mean >> summary.step_p50 >>
+        summary.step_p95 >> summary.own_mean >> summary.samples_per_second >>
+        summary.eval_seconds >> summary.allreduce_seconds;
+    for (double& mean : summary.phase_mean) in >> mean;
+    VQA_CHECK(!in.fail(), "malformed rank summary: " + line);
+    summaries.push_back(summary);
+  }
+  return summaries;
+}
+
+EpochReport epoch_report_build(int64_t epoch, bool gpu, const std::vector<RankSummary>& ranks,
+                               int64_t allreduce_bytes_per_step, double reference_bus_gbps,
+                               int64_t reference_bytes) {
+  EpochReport report;
+  report.epoch = epoch;
+  report.gpu = gpu;
+  report.world_size = static_cast<int>(ranks.size());
+  report.ranks = ranks;
+  report.allreduce_bytes_per_step = allreduce_bytes_per_step;
+  report.reference_bus_gbps = reference_bus_gbps;
+  report.reference_bytes = reference_bytes;
+  if (ranks.empty()) return report;
+  double fastest_allreduce = ranks.front().allreduce_seconds;
+  for (const auto& rank : ranks) {
+    fastest_allreduce = std::min(fastest_allreduce, rank.allreduce_seconds);
+  }
+  report.allreduce_seconds_per_step = fastest_allreduce;
+  report.bus_gbps =
+      allreduce_bus_gbps(allreduce_bytes_per_step, report.world_size, fastest_allreduce);
+
+  std::vector<double> steps, own;
+  for (const auto& rank : ranks) {
+    steps.push_back(rank.step_mean);
+    own.push_back(rank.own_mean);
+    report.samples_per_second += rank.samples_per_second;
+  }
+  for (int p = 0; p < kPhaseCount; ++p) {
+    std::vector<double> values;
+    for (const auto& rank : ranks) values.push_back(rank.phase_mean[p]);
+    report.phases[p] = summarize(values);
+  }
+  report.step = summarize(steps);
+  const auto slowest = std::max_element(ranks.begin(), ranks.end(),
+                                        [](auto& a, auto& b) { return a.own_mean < b.own_mean; });
+  report.slowest_rank = slowest->rank;
+  report.slowest_excess = share(slowest->own_mean, summarize(own).p50) - 1.0;
+  epoch_report_diagnose(report);
+  return report;
+}
+
+void epoch_report_diagnose(EpochReport& report) {
+  report.diagnoses.clear();
+  const double step = report.step.mean;
+  if (step <= 0 || report.ranks.empty()) return;
+  const auto phase = [&](Phase p) { return report.phases[static_cast<int>(p)].mean; };
+  const double comm = phase(Phase::kCommExposed);
+  const double data = phase(Phase::kDataWait);
+  const double compute = phase(Phase::kForward) + phase(Phase::kBackward);
+
+  if (report.world_size > 1 && share(comm, step) > kCommBoundShare) {
+    report.diagnoses.push_back(
+        {"communication-bound",
+         format("communication-bound: %.0f%% of each step (%.1f ms of %.1f ms) waits for gradient "
+                "allreduces after backward (threshold %.0f%%). ",
+                100 * share(comm, step), 1e3 * comm, 1e3 * step, 100 * kCommBoundShare) +
+             format("%.1f MB per step at %.2f GB/s bus bandwidth (start-up probe: %.2f GB/s). "
+                    "Remedies: a larger --batch-per-rank or gradient accumulation (fewer "
+                    "allreduces per sample), --bf16-allreduce (half the bytes), a smaller "
+                    "--bucket-mb so more of the allreduce overlaps backward.",
+                    report.allreduce_bytes_per_step / 1e6, report.bus_gbps,
+                    report.reference_bus_gbps),
+         {{"share", share(comm, step)},
+          {"comm_exposed_seconds", comm},
+          {"step_seconds", step},
+          {"threshold", kCommBoundShare},
+          {"allreduce_bytes_per_step", report.allreduce_bytes_per_step},
+          {"bus_gbps", report.bus_gbps},
+          {"reference_bus_gbps", report.reference_bus_gbps}}});
+  }
+  if (share(data, step) > kDataBoundShare) {
+    report.diagnoses.push_back(
+        {"data-bound",
+         format("data-bound: %.0f%% of each step (%.1f ms of %.1f ms) waits for the next batch "
+                "(threshold %.0f%%). Remedies: a deeper --prefetch-depth, image features instead "
+                "of pixels in the dataset (vqa_prep), the dataset on faster storage or in memory.",
+                100 * share(data, step), 1e3 * data, 1e3 * step, 100 * kDataBoundShare),
+         {{"share", share(data, step)},
+          {"data_wait_seconds", data},
+          {"step_seconds", step},
+          {"threshold", kDataBoundShare}}});
+  }
+  if (report.world_size > 1 && report.slowest_excess > kStragglerMargin) {
+    const auto& slow = *std::find_if(report.ranks.begin(), report.ranks.end(),
+                                     [&](auto& r) { return r.rank == report.slowest_rank; });
+    report.diagnoses.push_back(
+        {"straggler",
+         "straggler: rank " + std::to_string(report.slowest_rank) +
+             format(" takes %.1f ms per step of its own (step minus exposed communication), "
+                    "%.0f%% more than the median rank (threshold %.0f%%); the other ranks wait "
+                    "for it in every allreduce. ",
+                    1e3 * slow.own_mean, 100 * report.slowest_excess, 100 * kStragglerMargin) +
+             "Check that rank's host: other jobs on its cores, CPU binding (mpirun --bind-to), "
+             "GPU clocks and temperature, its storage.",
+         {{"rank", report.slowest_rank},
+          {"own_seconds", slow.own_mean},
+          {"excess", report.slowest_excess},
+          {"threshold", kStragglerMargin}}});
+  }
+  double eval_min = report.ranks.front().eval_seconds, eval_max = eval_min;
+  int eval_slowest = report.ranks.front().rank;
+  for (const auto& rank : report.ranks) {
+    eval_min = std::min(eval_min, rank.eval_seconds);
+    if (rank.eval_seconds > eval_max) {
+      eval_max = rank.eval_seconds;
+      eval_slowest = rank.rank;
+    }
+  }
+  if (report.world_size > 1 && eval_max - eval_min > kEvalImbalanceMinSeconds &&
+      share(eval_max, eval_min) - 1.0 > kEvalImbalanceMargin) {
+    report.diagnoses.push_back(
+        {"eval-imbalance",
+         "eval-imbalance: rank " + std::to_string(eval_slowest) +
+             format(" evaluates for %.2f s, the fastest rank for %.2f s (threshold +%.0f%%); the "
+                    "others wait for it before the next epoch. Remedies: check that rank's "
+                    "host; evaluate less often (--eval-every).",
+                    eval_max, eval_min, 100 * kEvalImbalanceMargin),
+         {{"rank", eval_slowest},
+          {"max_seconds", eval_max},
+          {"min_seconds", eval_min},
+          {"threshold", kEvalImbalanceMargin}}});
+  }
+  const bool explained = !report.diagnoses.empty();
+  const bool gpu_tiny = report.gpu && compute < kSmallBatchGpuSeconds;
+  if (gpu_tiny || (!explained && share(compute, step) < kSmallBatchComputeShare)) {
+    report.diagnoses.push_back(
+        {"small-batch",
+         format("small-batch: forward + backward take %.1f ms, %.0f%% of the %.1f ms step "
+                "(threshold %.0f%%",
+                1e3 * compute, 100 * share(compute, step), 1e3 * step,
+                100 * kSmallBatchComputeShare) +
+             format(", or under %.0f ms on a GPU); fixed per-step costs (optimiser %.1f ms, "
+                    "copies, kernel launches, allreduce latency) dominate. Remedy: a larger "
+                    "--batch-per-rank.",
+                    1e3 * kSmallBatchGpuSeconds, 1e3 * phase(Phase::kOptimizer)),
+         {{"compute_seconds", compute},
+          {"step_seconds", step},
+          {"share", share(compute, step)},
+          {"threshold", kSmallBatchComputeShare}}});
+  }
+}
+
+std::vector<std::string> epoch_report_lines(const EpochReport& report) {
+  std::vector<std::string> lines;
+  std::string phases = "  step " + format("%.1f ms", 1e3 * report.step.mean) + " =";
+  for (int p = 0; p < kPhaseCount; ++p) {
+    phases += " " + phase_key(p) + format(" %.1f", 1e3 * report.phases[p].mean);
+  }
+  lines.push_back(phases + " (ms, mean over ranks)");
+  std::string throughput =
+      format("  %.1f samples/s in total, %.1f per rank; ", report.samples_per_second,
+             report.samples_per_second / std::max(1, report.world_size));
+  if (report.world_size > 1) {
+    throughput += "slowest rank " + std::to_string(report.slowest_rank) +
+                  format(" (%+.0f%% own time vs median); ", 100 * report.slowest_excess);
+  }
+  throughput += format("allreduce %.2f MB/step", report.allreduce_bytes_per_step / 1e6);
+  if (report.world_size > 1 && report.allreduce_seconds_per_step > 0) {
+    throughput += format(", %.2f GB/s bus bandwidth (start-up probe at %.1f MB: %.2f GB/s)",
+                         report.bus_gbps, report.reference_bytes / 1e6, report.reference_bus_gbps);
+  }
+  lines.push_back(throughput);
+  for (const auto& diagnosis : report.diagnoses)
+    lines.push_back("  diagnosis: " + diagnosis.message);
+  return lines;
+}
+
+nlohmann::json epoch_report_json(const EpochReport& report) {
+  nlohmann::json phases = nlohmann::json::object();
+  for (int p = 0; p < kPhaseCount; ++p) {
+    phases[phase_key(p)] = {{"mean", report.phases[p].mean},
+                            {"p50", report.phases[p].p50},
+                            {"p95", report.phases[p].p95}};
+  }
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& rank : report.ranks) {
+    nlohmann::json rank_phases = nlohmann::json::object();
+    for (int p = 0; p < kPhaseCount; ++p) rank_phases[phase_key(p)] = rank.phase_mean[p];
+    ranks.push_back({{"rank", rank.rank},
+                     {"steps", rank.steps},
+                     {"step_mean", rank.step_mean},
+                     {"step_p50", rank.step_p50},
+                     {"step_p95", rank.step_p95},
+                     {"own_mean", rank.own_mean},
+                     {"samples_per_second", rank.samples_per_second},
+                     {"eval_seconds", rank.eval_seconds},
+                     {"allreduce_seconds", rank.allreduce_seconds},
+                     {"phases", rank_phases}});
+  }
+  nlohmann::json diagnoses = nlohmann::json::array();
+  for (const auto& diagnosis : report.diagnoses) {
+    diagnoses.push_back(
+        {{"rule", diagnosis.rule}, {"message", diagnosis.message}, {"numbers", diagnosis.numbers}});
+  }
+  return {{"epoch", report.epoch},
+          {"ranks", report.world_size},
+          {"phases", phases},
+          {"step_seconds",
+           {{"mean", report.step.mean}, {"p50", report.step.p50}, {"p95", report.step.p95}}},
+          {"per_rank", ranks},
+          {"slowest_rank", report.slowest_rank},
+          {"slowest_rank_excess", report.slowest_excess},
+          {"timed_samples_per_second", report.samples_per_second},
+          {"allreduce_bytes_per_step", report.allreduce_bytes_per_step},
+          {"allreduce_seconds_per_step", report.allreduce_seconds_per_step},
+          {"bus_gbps", report.bus_gbps},
+          {"reference_bus_gbps", report.reference_bus_gbps},
+          {"reference_bytes", report.reference_bytes},
+          {"diagnosis", diagnoses},
+          {"thresholds",
+           {{"communication_bound_share", kCommBoundShare},
+            {"data_bound_share", kDataBoundShare},
+            {"straggler_margin", kStragglerMargin},
+            {"eval_imbalance_margin", kEvalImbalanceMargin},
+            {"eval_imbalance_min_seconds", kEvalImbalanceMinSeconds},
+            {"small_batch_compute_share", kSmallBatchComputeShare},
+            {"small_batch_gpu_seconds", kSmallBatchGpuSeconds}}}};
+}
+
+}  // namespace vqa::train
