@@ -1,0 +1,146 @@
+// Units of the step breakdown: quantiles, the phase timer's bookkeeping and
+// its cost per step, and each diagnosis rule on hand-made rank summaries.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "train/step_report.h"  // epoch_report_build, RankSummary, thresholds
+#include "train/step_timer.h"   // StepTimer, summarize
+
+namespace {
+
+using vqa::train::Phase;
+
+TEST(StepTimer, SummaryUsesNearestRankQuantiles) {
+  std::vector<double> values;
+  for (int i = 100; i >= 1; --i) values.push_back(i);
+  const auto summary = vqa::train::summarize(values);
+  EXPECT_DOUBLE_EQ(summary.mean, 50.5);
+  EXPECT_DOUBLE_EQ(summary.p50, 50.0);
+  EXPECT_DOUBLE_EQ(summary.p95, 95.0);
+  EXPECT_DOUBLE_EQ(vqa::train::summarize({7.0}).p95, 7.0);
+}
+
+TEST(StepTimer, PhasesAddUpToTheStepAndMatchTheirDurations) {
+  vqa::train::StepTimer timer(torch::kCPU, /*enabled=*/true);
+  timer.begin_step(3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  timer.end_phase(Phase::kDataWait);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  timer.end_phase(Phase::kForward);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  timer.end_phase(Phase::kDataWait);  // a second micro-step adds to the same phase
+  timer.end_step();
+  const auto steps = timer.collect(/*wait=*/true);
+  ASSERT_EQ(steps.size(), 1u);
+  const auto& step = steps[0];
+  EXPECT_EQ(step.step, 3);
+  EXPECT_EQ(step.segments.size(), 3u);
+  double sum = 0.0;
+  for (double seconds : step.seconds) sum += seconds;
+  EXPECT_NEAR(sum, step.total(), 1e-9);  // the phases tile the step exactly
+  // Sleeps last at least as long as asked; a loaded machine may add up to 50 ms.
+  EXPECT_GE(step.seconds[static_cast<int>(Phase::kDataWait)], 0.040);
+  EXPECT_LT(step.seconds[static_cast<int>(Phase::kDataWait)], 0.040 + 0.050);
+  EXPECT_GE(step.seconds[static_cast<int>(Phase::kForward)], 0.005);
+  EXPECT_EQ(step.seconds[static_cast<int>(Phase::kBackward)], 0.0);
+  EXPECT_TRUE(timer.collect(/*wait=*/true).empty());
+}
+
+TEST(StepTimer, CostsUnderOnePercentOfTheShortestStep) {
+  // A training step marks 6 phases (more with accumulation); the tiny preset's
+  // step is about 5 ms on a CPU, so 1% of it is 50 us.
+  vqa::train::StepTimer timer(torch::kCPU, /*enabled=*/true);
+  const int steps = 20000;
+  const auto start = std::chrono::steady_clock::now();
+  for (int s = 0; s < steps; ++s) {
+    timer.begin_step(s);
+    for (int p = 0; p < vqa::train::kPhaseCount; ++p) timer.end_phase(static_cast<Phase>(p));
+    timer.end_step();
+    if (s % 100 == 99) timer.collect(/*wait=*/false);
+  }
+  timer.collect(/*wait=*/true);
+  const double per_step =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / steps;
+  std::printf("phase timer cost: %.2f us per step (%.4f%% of a 5 ms step)\n", 1e6 * per_step,
+              100 * per_step / 0.005);
+  EXPECT_LT(per_step, 50e-6);
+}
+
+vqa::train::RankSummary rank(int index, double step, double comm, double data, double compute) {
+  vqa::train::RankSummary summary;
+  summary.rank = index;
+  summary.steps = 10;
+  summary.step_mean = summary.step_p50 = summary.step_p95 = step;
+  summary.phase_mean[static_cast<int>(Phase::kCommExposed)] = comm;
+  summary.phase_mean[static_cast<int>(Phase::kDataWait)] = data;
+  summary.phase_mean[static_cast<int>(Phase::kForward)] = compute / 2;
+  summary.phase_mean[static_cast<int>(Phase::kBackward)] = compute / 2;
+  summary.phase_mean[static_cast<int>(Phase::kOptimizer)] = step - comm - data - compute;
+  summary.own_mean = step - comm;
+  summary.samples_per_second = 16 / step;
+  return summary;
+}
+
+std::vector<std::string> rules(const vqa::train::EpochReport& report) {
+  std::vector<std::string> names;
+  for (const auto& diagnosis : report.diagnoses) names.push_back(diagnosis.rule);
+  return names;
+}
+
+TEST(Diagnose, HealthyRanksGetNoDiagnosis) {
+  const auto report = vqa::train::epoch_report_build(
+      0, false, {rank(0, 0.100, 0.005, 0.001, 0.090), rank(1, 0.100, 0.006, 0.001, 0.089)}, 1000000,
+      4.0, 1000000);
+  EXPECT_TRUE(report.diagnoses.empty()) << report.diagnoses.front().message;
+  EXPECT_NEAR(report.samples_per_second, 320.0, 1e-9);
+}
+
+TEST(Diagnose, EachRuleFiresAboveItsThresholdAndNamesTheRank) {
+  // Rank 2 computes 30 ms longer; the others wait for it in the allreduce.
+  auto straggler = vqa::train::epoch_report_build(
+      0, false,
+      {rank(0, 0.130, 0.031, 0.001, 0.090), rank(1, 0.130, 0.030, 0.001, 0.091),
+       rank(2, 0.130, 0.001, 0.001, 0.120)},
+      1000000, 4.0, 1000000);
+  EXPECT_EQ(rules(straggler), (std::vector<std::string>{"straggler"}));
+  EXPECT_EQ(straggler.slowest_rank, 2);
+  EXPECT_NE(straggler.diagnoses[0].message.find("rank 2 "), std::string::npos);
+
+  const auto comm = vqa::train::epoch_report_build(
+      0, false, {rank(0, 0.100, 0.040, 0.001, 0.055), rank(1, 0.100, 0.040, 0.001, 0.055)}, 1000000,
+      4.0, 1000000);
+  EXPECT_EQ(rules(comm), (std::vector<std::string>{"communication-bound"}));
+
+  const auto data = vqa::train::epoch_report_build(
+      0, false, {rank(0, 0.100, 0.002, 0.030, 0.065), rank(1, 0.100, 0.002, 0.030, 0.065)}, 1000000,
+      4.0, 1000000);
+  EXPECT_EQ(rules(data), (std::vector<std::string>{"data-bound"}));
+
+  const auto small = vqa::train::epoch_report_build(
+      0, false, {rank(0, 0.010, 0.001, 0.0005, 0.004), rank(1, 0.010, 0.001, 0.0005, 0.004)},
+      1000000, 4.0, 1000000);
+  EXPECT_EQ(rules(small), (std::vector<std::string>{"small-batch"}));
+
+  auto slow_eval = rank(1, 0.100, 0.005, 0.001, 0.090);
+  slow_eval.eval_seconds = 3.0;
+  auto fast_eval = rank(0, 0.100, 0.005, 0.001, 0.090);
+  fast_eval.eval_seconds = 2.0;
+  const auto eval =
+      vqa::train::epoch_report_build(0, false, {fast_eval, slow_eval}, 1000000, 4.0, 1000000);
+  EXPECT_EQ(rules(eval), (std::vector<std::string>{"eval-imbalance"}));
+}
+
+TEST(Diagnose, BusBandwidthUsesTheFastestRanksAllreduceTime) {
+  auto late = rank(0, 0.100, 0.005, 0.001, 0.090);
+  late.allreduce_seconds = 0.020;  // waited 19 ms for rank 1 to arrive
+  auto last = rank(1, 0.100, 0.005, 0.001, 0.090);
+  last.allreduce_seconds = 0.001;
+  const auto report = vqa::train::epoch_report_build(0, false, {late, last}, 4000000, 4.0, 4000000);
+  // 4 MB in 1 ms on 2 ranks: busbw = 4e6 / 1e-3 x 2(2-1)/2 = 4 GB/s.
+  EXPECT_NEAR(report.bus_gbps, 4.0, 1e-9);
+}
+
+}  // namespace
