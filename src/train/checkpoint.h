@@ -1,12 +1,27 @@
 // Checkpoints of the whole run: model, optimiser (AdamW moments and step
-// counts), schedule position, epoch, best result and the resolved config.
-// The sampler and the random state need no bytes of their own: both are
-// derived from (seed, epoch), and checkpoints are taken at epoch boundaries.
-//
-// Files are written under a temporary name and renamed when complete, so a
-// crash never leaves a half-written checkpoint under the real name. Only
-// rank 0 writes; every rank reads (the run directory is on a shared file
+// counts), schedule position, epoch (and the step inside it after a stop
+// request), best result and the resolved config. The sampler and the random
+// state need no bytes of their own: both are derived from (seed, epoch, step).
+// Only rank 0 writes; every rank reads (the run directory is on a shared file
 // system on clusters).
+//
+// Integrity. Every checkpoint file F (and best_model.pt) has a sidecar
+// F.crc32 holding one line "crc32 XXXXXXXX size N": zlib's CRC-32 (the one of
+// gzip and zip) and the byte count of F. Reading checks both before LibTorch
+// parses a byte, so a truncated or corrupt file is reported as such instead
+// of failing deep inside the zip reader or, for flipped bits inside a tensor,
+// not failing at all.
+//
+// Durability. F is written as F.tmp and fsync'ed; its sidecar is written the
+// same way; then F.tmp is renamed to F and the directory fsync'ed; `latest`
+// is rewritten (again atomically) only after that. A kill or a power cut at
+// any moment therefore leaves every earlier checkpoint and `latest` as they
+// were, and `latest` always names a complete file whose checksum matches.
+//
+// Rotation. After each save the oldest checkpoints beyond the newest K are
+// removed with their sidecars (K = `keep-checkpoints` of the resolved
+// config; 0 keeps all). The file just written and best_model.pt are never
+// removed.
 #pragma once
 
 #include <torch/torch.h>
@@ -19,22 +34,59 @@
 
 namespace vqa::train {
 
-// <out>/checkpoints/epoch-NNNN.pt, and <out>/checkpoints/latest naming it.
+// Exit status of a job whose checkpoint could not be written (EX_IOERR).
+constexpr int kExitCheckpointWriteFailed = 74;
+
+// Writes <out>/checkpoints/epoch-NNNN.pt (after epoch NNNN) or
+// epoch-NNNN-step-SSSSSS.pt (inside epoch NNNN after SSSSSS optimiser steps),
+// its sidecar, and <out>/checkpoints/latest naming it; removes temporary files
+// left by a killed writer; rotates old checkpoints, keeping the number that
+// config_ini's "keep-checkpoints = K" line says (all when the line is absent).
+// Returns the path. Rank 0 only. A failed write (full disk, quota, I/O error)
+// removes its temporary files and ends the job on every rank with exit status
+// kExitCheckpointWriteFailed and a message naming the file, the error and the
+// last good checkpoint, which stays as it was.
 std::string checkpoint_save(const std::string& out_dir, model::M3AE& model, VqaOptimizer& optimizer,
                             const TrainState& state, const std::string& config_ini);
 
-// <out>/best_model.pt: the model (and state) of the best epoch so far.
+// <out>/best_model.pt and its sidecar: the model (and state) of the best epoch
+// so far. Failures end the job as in checkpoint_save.
 void checkpoint_save_best(const std::string& out_dir, model::M3AE& model, const TrainState& state);
 
-// The checkpoint `latest` names, or "" when there is none.
+// The checkpoint --resume auto continues from, or "" when <out>/checkpoints
+// holds none: the file `latest` names if its checksum matches, otherwise the
+// newest older checkpoint that matches. Every file skipped is named on stderr
+// (rank 0) with what is wrong with it, and rank 0 rewrites `latest` to name
+// the file chosen. When checkpoints exist but none
+// matches, ends the job on every rank with a message listing each file and
+// its problem (starting afresh would silently discard the run).
 std::string checkpoint_latest(const std::string& out_dir);
 
-// Loads model, optimiser and state; throws std::runtime_error naming the file
-// when it is missing or unreadable.
+// Loads model, optimiser and state from one read of the file, after checking
+// it against its sidecar. Throws std::runtime_error naming the file and what
+// is wrong (missing, truncated, corrupt, unreadable by LibTorch). A file
+// without a sidecar (copied without it) is loaded with a warning on stderr.
 void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& optimizer,
                      TrainState& state);
 
-// Writes `text` to `path` atomically (temporary file, then rename).
+// The result of checking a checkpoint file against its sidecar.
+struct CheckpointCheck {
+  bool good = false;
+  // Empty when good; otherwise it completes "checkpoint PATH ...", e.g.
+  // "is truncated: 1000 bytes, its checksum file says 2000".
+  std::string problem;
+};
+
+// Reads the whole file and compares its size and CRC-32 with the sidecar's.
+CheckpointCheck checkpoint_verify(const std::string& path);
+
+// The sidecar of `path`: path + ".crc32".
+std::string checkpoint_sidecar_path(const std::string& path);
+
+// Writes `text` to `path` atomically and durably (temporary file, fsync,
+// rename, fsync of the directory). Throws std::runtime_error naming the file
+// and the system's error (e.g. "No space left on device (ENOSPC)") after
+// removing the temporary file.
 void write_file_atomically(const std::string& path, const std::string& text);
 
 }  // namespace vqa::train
