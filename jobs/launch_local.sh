@@ -64,7 +64,8 @@ count_gpus() {
 # count_cores: physical cores among the CPUs this process may run on.
 count_cores() {
   local allowed physical
-  allowed=$(nproc)
+  # Not plain nproc: it answers OMP_NUM_THREADS when that is set.
+  allowed=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
   # lscpu -p lists every CPU with its core and socket; keep the allowed ones.
   physical=$(lscpu -p=CPU,CORE,SOCKET 2>/dev/null | grep -v '^#' |
     awk -F, -v allowed="$(taskset -pc $$ 2>/dev/null | sed 's/.*: //')" '

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 bash env/setup.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
-cmake --build build --parallel "$(nproc)" --target vqa_prep vqa_train
+cmake --build build --parallel "$(env -u OMP_NUM_THREADS nproc)" --target vqa_prep vqa_train
 
 mkdir -p data
 build/vqa_prep synth -o data/synth.h5

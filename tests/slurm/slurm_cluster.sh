@@ -13,7 +13,7 @@
 #
 # How it is configured, and why:
 # - one node named after this host (slurmd looks itself up by `hostname -s`)
-#   at 127.0.0.1 with this machine's CPU count, one partition;
+#   at 127.0.0.1 with this machine's CPU count (at least 2), one partition;
 # - ProctrackType=proctrack/linuxproc and TaskPlugin=task/none: no cgroups
 #   (containers and CI machines rarely let a test mount or delegate them);
 #   proctrack/pgid left a hung slurmstepd behind. With linuxproc a process
@@ -62,6 +62,13 @@ slurm_cluster_start() {
 
   # Ports from a pid-dependent base, so that tests run at the same time on
   # one machine do not race for the same ones.
+  # The node's CPU count: what this process may use (nproc would answer
+  # OMP_NUM_THREADS if set), at least 2 for the tests' 2-rank jobs;
+  # config_overrides lets slurmd accept more CPUs than the machine has.
+  local cpus
+  cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+  ((cpus >= 2)) || cpus=2
+
   local controller_port daemon_port
   controller_port=$(slurm_free_port $((20000 + $$ % 20000)))
   daemon_port=$(slurm_free_port $((controller_port + 1)))
@@ -95,7 +102,8 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 MinJobAge=600
 KillWait=10
-NodeName=$node NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
+SlurmdParameters=config_overrides
+NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
   export SLURM_CONF=$dir/slurm.conf
@@ -119,7 +127,7 @@ EOF
 
   for ((i = 0; i < 300; i++)); do
     if sinfo -h -o %T 2>/dev/null | grep -qx idle; then
-      slurm_cluster_log "Slurm up in $dir: node $node idle, $(nproc) CPUs," \
+      slurm_cluster_log "Slurm up in $dir: node $node idle, $cpus CPUs," \
         "slurmctld port $controller_port ($(sinfo --version))"
       return 0
     fi
@@ -192,6 +200,8 @@ slurm_wait_job() {
     fi
     sleep 0.2
   done
-  slurm_cluster_log "job $job still '$state' after $timeout s (waiting for $pattern)" >&2
+  slurm_cluster_log "job $job still '$state' (reason $(slurm_job_field "$job" Reason))" \
+    "after $timeout s (waiting for $pattern)" >&2
+  sinfo -N -o '%N %T %C' >&2 || true
   return 1
 }

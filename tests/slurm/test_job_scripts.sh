@@ -39,7 +39,8 @@ echo "$plan"
 [[ $plan =~ ([0-9]+)\ core\(s\):\ ([0-9]+)\ rank\(s\)\ x\ ([0-9]+)\ thread ]] ||
   fail "no 'N core(s): R rank(s) x T thread(s)' line"
 cores=${BASH_REMATCH[1]} ranks=${BASH_REMATCH[2]} threads=${BASH_REMATCH[3]}
-((cores >= 1 && cores <= $(nproc))) || fail "$cores cores reported, $(nproc) CPUs usable"
+usable=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+((cores >= 1 && cores <= usable)) || fail "$cores cores reported, $usable CPUs usable"
 ((ranks == cores && threads == 1)) || fail "no GPUs: expected $cores ranks x 1 thread"
 [[ $plan == *"--bind-to core"* ]] || fail "ranks not bound to cores"
 
