@@ -92,6 +92,11 @@ class OptionTable {
         "write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) to this file");
     add("timeline-first-step", &c.timeline_first_step, "first optimiser step in the timeline");
     add("timeline-steps", &c.timeline_steps, "optimiser steps in the timeline");
+    add("nonfinite", &c.nonfinite,
+        "a non-finite loss or gradient: stop (end the job naming the step and the first bad "
+        "parameter) | skip (drop that optimiser step, warn) | off (no check)");
+    add("test-nan-step", &c.test_nan_step,
+        "testing only: rank 1 (rank 0 when alone) gets a NaN loss at this optimiser step");
     add("test-slow-rank", &c.test_slow_rank,
         "testing only: this rank spends --test-slow-ms more per micro-step in forward");
     add("test-slow-ms", &c.test_slow_ms, "testing only: see --test-slow-rank");
@@ -185,6 +190,9 @@ void config_finalize(TrainConfig& c, int world_size) {
   if (c.timeline_first_step < 0) {
     fatal_user_error("--timeline-first-step must be >= 0, got " +
                      std::to_string(c.timeline_first_step));
+  }
+  if (c.nonfinite != "stop" && c.nonfinite != "skip" && c.nonfinite != "off") {
+    fatal_user_error("--nonfinite must be stop, skip or off, got '" + c.nonfinite + "'");
   }
   if (c.test_slow_ms < 0 || c.test_data_delay_ms < 0) {
     fatal_user_error("--test-slow-ms and --test-data-delay-ms must be >= 0");

@@ -53,6 +53,8 @@ struct TrainConfig {
   int64_t timeline_steps = 5;        // optimiser steps in the timeline
   // Test-only fault injection (the diagnosis tests): extra compute time per
   // micro-step on one rank, and extra data-loading time on every rank.
+  std::string nonfinite = "stop";  // stop | skip | off: a non-finite loss or gradient
+  int64_t test_nan_step = -1;      // testing only: rank 1's loss becomes NaN at this step
   int test_slow_rank = -1;
   double test_slow_ms = 0.0;
   double test_data_delay_ms = 0.0;

@@ -62,6 +62,16 @@ std::vector<train::NamedTensor> trainable_parameters(model::M3AE& model) {
   return parameters;
 }
 
+// A checkpoint is never written from non-finite weights.
+void require_finite_weights(model::M3AE& model, const std::string& what) {
+  const std::string bad = train::first_nonfinite_parameter(model, /*check_values=*/true);
+  if (!bad.empty()) {
+    runtime::fatal_user_error("parameter " + bad + " holds a NaN or an infinity; not writing " +
+                                  what + " (the previous checkpoint stays the latest)",
+                              train::kExitNonFinite);
+  }
+}
+
 // <out>/DONE, written when a run ends, starts with "epochs N". With
 // --resume auto a run directory whose DONE covers --epochs is complete. Rank
 // 0 decides and tells every rank, so the run directory need not be shared.
@@ -203,6 +213,7 @@ int main(int argc, char** argv) {
       // status that job scripts turn into a requeue.
       std::string path;
       if (rank.rank == 0) {
+        require_finite_weights(model, "the stop checkpoint");
         path = train::checkpoint_save(config.out, model, optimizer, state, config_ini);
       }
       comm->barrier();
@@ -264,6 +275,7 @@ int main(int argc, char** argv) {
               report_json.is_null() ? nullptr : &report_json);
     for (const auto& line : report_lines) log.info(line);
     if (rank.rank == 0) {
+      require_finite_weights(model, "checkpoints of epoch " + std::to_string(epoch));
       if (best) train::checkpoint_save_best(config.out, model, state);
       if (config.save_every > 0 &&
           ((epoch + 1) % config.save_every == 0 || epoch + 1 == config.epochs)) {

@@ -53,6 +53,7 @@ void RunLog::epoch(int64_t epoch, const EpochStats& train, const EvalStats* eval
                            {"samples", train.samples},
                            {"samples_per_second", throughput},
                            {"optimizer_steps", train.optimizer_steps},
+                           {"skipped_steps", train.skipped_steps},
                            {"data_wait_seconds_rank0", train.data_wait_seconds},
                            {"comm_wait_seconds_rank0", train.comm_wait_seconds}};
   if (eval) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <thread>
 #include <utility>
 
@@ -94,6 +95,15 @@ bool progress_bar_wanted(const std::string& mode) {
 
 }  // namespace
 
+std::string first_nonfinite_parameter(model::M3AE& model, bool check_values) {
+  torch::NoGradGuard no_grad;
+  for (const auto& item : model->named_parameters()) {
+    const auto& tensor = check_values ? item.value() : item.value().grad();
+    if (tensor.defined() && !torch::isfinite(tensor).all().item<bool>()) return item.key();
+  }
+  return "";
+}
+
 void clip_gradient_norm(const std::vector<torch::Tensor>& parameters, double max_norm) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> norms;
@@ -106,6 +116,18 @@ void clip_gradient_norm(const std::vector<torch::Tensor>& parameters, double max
     if (parameter.grad().defined()) parameter.grad().mul_(scale);
   }
 }
+
+namespace {
+// One flag for every gradient, read once.
+bool all_gradients_finite(model::M3AE& model) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> flags;
+  for (const auto& parameter : model->parameters()) {
+    if (parameter.grad().defined()) flags.push_back(torch::isfinite(parameter.grad()).all());
+  }
+  return flags.empty() || torch::stack(flags).all().item<bool>();
+}
+}  // namespace
 
 int64_t optimizer_steps_per_epoch(const data::ShardedLoader& loader, const TrainConfig& config) {
   // Micro-steps that do not fill a whole optimiser step are left out, so every
@@ -168,6 +190,8 @@ EpochStats train_epoch(model::M3AE& model, data::ShardedLoader& loader, VqaOptim
     comm.set_position(epoch, state.global_step);
     seed_step(config.seed, state.global_step, comm.rank());
     timer.begin_step(state.global_step);
+    auto step_loss = torch::zeros_like(loss_sum);
+    int64_t step_samples = 0;
     for (int64_t micro = 0; micro < config.accumulation_steps; ++micro) {
       if (data_delay.count() > 0) std::this_thread::sleep_for(data_delay);
       if (!loader.next(host_batch)) {
@@ -185,14 +209,45 @@ EpochStats train_epoch(model::M3AE& model, data::ShardedLoader& loader, VqaOptim
                         batch.targets);
       }
       if (slow_delay.count() > 0) std::this_thread::sleep_for(slow_delay);
+      if (state.global_step == config.test_nan_step &&
+          comm.rank() == std::min(1, comm.world_size() - 1)) {
+        loss = loss * std::numeric_limits<double>::quiet_NaN();
+      }
       timer.end_phase(Phase::kForward);
       (loss / static_cast<double>(config.accumulation_steps)).backward();
       timer.end_phase(Phase::kBackward);
-      loss_sum += loss.detach().to(torch::kFloat64) * static_cast<double>(host_batch.size());
-      samples += host_batch.size();
+      step_loss += loss.detach().to(torch::kFloat64) * static_cast<double>(host_batch.size());
+      step_samples += host_batch.size();
     }
     gradients.finish_backward();
     timer.end_phase(Phase::kCommExposed);
+    // The averaged gradients are the same on every rank, so every rank takes
+    // the same decision. One host read per step (none with --nonfinite off).
+    if (config.nonfinite != "off" && !all_gradients_finite(model)) {
+      const std::string where =
+          "epoch " + std::to_string(epoch) + " optimiser step " + std::to_string(state.global_step);
+      const std::string first = first_nonfinite_parameter(model, /*check_values=*/false);
+      if (config.nonfinite == "stop") {
+        runtime::fatal_user_error(
+            "non-finite gradient at " + where + " (first bad parameter: " + first +
+                "); stopping without a checkpoint of this step. Lower --lr, set --grad-clip, "
+                "or --nonfinite skip",
+            kExitNonFinite);
+      }
+      if (comm.rank() == 0) {
+        std::printf("warning: non-finite gradient at %s (first bad parameter: %s): step skipped\n",
+                    where.c_str(), first.c_str());
+        std::fflush(stdout);
+      }
+      optimizer.zero_grad();
+      ++stats.skipped_steps;
+      timer.end_phase(Phase::kOptimizer);
+      timer.end_step();
+      ++state.global_step;
+      continue;
+    }
+    loss_sum += step_loss;
+    samples += step_samples;
     if (config.grad_clip > 0) clip_gradient_norm(model->parameters(), config.grad_clip);
     stats.learning_rate = optimizer.learning_rate(state.global_step);
     optimizer.step(state.global_step);

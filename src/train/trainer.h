@@ -38,6 +38,7 @@ struct EpochStats {
   int64_t optimizer_steps = 0;
   int64_t samples = 0;        // over all ranks, padding included, the whole epoch
   int64_t timed_samples = 0;  // over all ranks, in `seconds` (less after a mid-epoch resume)
+  int64_t skipped_steps = 0;  // non-finite steps dropped (--nonfinite skip)
   int stop_signal = 0;        // non-zero: the ranks agreed to stop inside this epoch
   std::vector<StepTimes> step_times;  // this rank's timed steps (empty with timers off)
   double data_wait_seconds = 0.0;     // this rank
@@ -60,6 +61,14 @@ data::Batch batch_to_device(const data::Batch& batch, const torch::Device& devic
 // BCE with logits on the soft targets, times K (M3AE's loss): the mean over
 // the batch of the sum over answer labels.
 torch::Tensor vqa_loss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+// Exit status when a non-finite loss or gradient stops the job (--nonfinite stop).
+constexpr int kExitNonFinite = 3;
+
+// The name of the first parameter whose gradient (or value, with
+// check_values) holds a NaN or an infinity, or "" when all are finite.
+// Reads every tensor to the host: for the rare path after a failed check.
+std::string first_nonfinite_parameter(model::M3AE& model, bool check_values);
 
 // Scales the gradients so that their global L2 norm is at most max_norm.
 // Unlike torch::nn::utils::clip_grad_norm_, which returns the norm as a host

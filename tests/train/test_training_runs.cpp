@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -196,6 +197,43 @@ TEST_F(TrainingRuns, StopSignalOnOneRankCheckpointsEveryRankAndResumesExactly) {
   train("stopped", 2, common + "--resume auto");
   EXPECT_NE(last_output_.find("nothing to do"), std::string::npos) << last_output_;
   EXPECT_EQ(metrics(out).size(), want.size());
+}
+
+TEST_F(TrainingRuns, NonFiniteGradientStopsEveryRankOrIsSkipped) {
+  // Rank 1's loss becomes NaN at optimiser step 15 (epoch 1, step 5 of 10).
+  const std::string common =
+      " --epochs 3 --max-steps-per-epoch 10 --global-batch 16 --batch-per-rank 8 "
+      "--test-nan-step 15 ";
+  const std::string out = directory_ + "/nan-stop";
+  const auto stopped = vqa::testing::run_process(
+      vqa::testing::mpirun_prefix(2) + VQA_TRAIN + " --train-data " + dataset_ + " --out " + out +
+          " --threads 1 --progress off --seed 3 " + common,
+      120);
+  EXPECT_EQ(stopped.exit_code, 3) << stopped.output;
+  EXPECT_LT(stopped.seconds, 60.0);
+  EXPECT_NE(stopped.output.find("non-finite gradient at epoch 1 optimiser step 15 (first bad "
+                                "parameter: "),
+            std::string::npos)
+      << stopped.output;
+  // The checkpoint of epoch 0 stays the latest; nothing was written after the bad step.
+  std::ifstream latest(out + "/checkpoints/latest");
+  std::string name;
+  EXPECT_TRUE(latest >> name);
+  EXPECT_EQ(name, "epoch-0000.pt");
+  EXPECT_FALSE(fs::exists(out + "/checkpoints/epoch-0001.pt"));
+
+  const auto skipped = train("nan-skip", 2, common + "--nonfinite skip");
+  EXPECT_NE(last_output_.find("non-finite gradient at epoch 1 optimiser step 15"),
+            std::string::npos)
+      << last_output_;
+  EXPECT_NE(last_output_.find("step skipped"), std::string::npos);
+  const auto lines = metrics(skipped);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["skipped_steps"], 0);
+  EXPECT_EQ(lines[1]["skipped_steps"], 1);
+  for (const auto& line : lines) {
+    EXPECT_TRUE(std::isfinite(line["train_loss"].get<double>())) << line.dump();
+  }
 }
 
 TEST_F(TrainingRuns, GlobalBatchThatDoesNotDivideIsRefusedOnEveryRank) {
