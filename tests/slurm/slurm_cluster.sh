@@ -11,6 +11,11 @@
 #   slurm_cluster_stop        cancels every job, `scontrol shutdown`, ends the
 #                             daemons it started (by their pids) and munged
 #
+# A test calls slurm_cluster_stop from its EXIT trap and turns INT, TERM,
+# HUP and PIPE into an exit, so the cluster goes away however the test ends;
+# if the test is killed outright, the daemons get SIGTERM from the kernel
+# (parent-death signal).
+#
 # How it is configured, and why:
 # - one node named after this host (slurmd looks itself up by `hostname -s`)
 #   at 127.0.0.1 with this machine's CPU count (at least 2), one partition;
@@ -42,6 +47,13 @@ slurm_free_port() {
   echo "$port"
 }
 
+# slurm_daemon COMMAND...: runs a daemon in the foreground, set to get
+# SIGTERM when the test's shell dies, so that a test killed outright (CTest's
+# timeout) leaves no daemon behind; slurm_cluster_stop handles the rest.
+slurm_daemon() {
+  exec setpriv --pdeathsig TERM "$@"
+}
+
 slurm_cluster_start() {
   local dir=$1
   slurm_cluster_dir=$dir
@@ -54,7 +66,7 @@ slurm_cluster_start() {
   head -c 1024 /dev/urandom >"$dir/munge/munge.key"
   chmod 400 "$dir/munge/munge.key"
   # --force: munged refuses a socket folder under a world-writable /tmp.
-  munged --foreground --force --socket="$dir/munge/munge.socket" \
+  slurm_daemon munged --foreground --force --socket="$dir/munge/munge.socket" \
     --key-file="$dir/munge/munge.key" --seed-file="$dir/munge/munge.seed" \
     --pid-file="$dir/munge/munged.pid" --log-file="$dir/log/munged.log" \
     >"$dir/log/munged.out" 2>&1 &
@@ -120,9 +132,9 @@ EOF
     return 1
   }
 
-  slurmctld -D -f "$SLURM_CONF" >"$dir/log/slurmctld.out" 2>&1 &
+  slurm_daemon slurmctld -D -f "$SLURM_CONF" >"$dir/log/slurmctld.out" 2>&1 &
   slurm_cluster_pids+=($!)
-  slurmd -D -f "$SLURM_CONF" >"$dir/log/slurmd.out" 2>&1 &
+  slurm_daemon slurmd -D -f "$SLURM_CONF" >"$dir/log/slurmd.out" 2>&1 &
   slurm_cluster_pids+=($!)
 
   for ((i = 0; i < 300; i++)); do

@@ -35,6 +35,7 @@ cleanup() {
   exit "$status"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM HUP PIPE
 fail() {
   echo "FAIL: $*" >&2
   [[ -n ${output:-} && -f $output ]] && { echo "---- job output" >&2; cat "$output" >&2; }

@@ -31,6 +31,7 @@ cleanup() {
   exit "$status"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM HUP PIPE
 fail() {
   echo "FAIL: $*" >&2
   exit 1
