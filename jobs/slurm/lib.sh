@@ -175,6 +175,10 @@ slurm_train_job() {
     echo "$train not found or not executable: build it first (cmake --build $build --target vqa_train) or set VQA_BUILD" >&2
     exit 2
   fi
+  if [[ -z ${SLURM_NTASKS:-} ]]; then
+    echo "SLURM_NTASKS is unset: submit with --ntasks-per-node (one task per GPU), as the scripts' #SBATCH lines do" >&2
+    exit 2
+  fi
   local name
   name=$(basename "$config" .ini)
   local run_dir=${VQA_RUN_DIR:-runs/$name-$SLURM_JOB_ID}
