@@ -20,7 +20,7 @@ packages=(
   iproute2                              # network namespaces for the partition test
   clang libclang-rt-14-dev              # libFuzzer targets (tests/fuzz)
   gnuplot-nox                           # the scaling report's PNG (jobs/bench_scaling.sh)
-  python3-torch                         # the PyTorch DDP reference run (jobs/ddp_reference.py)
+  python3 python3-torch                 # tests/slurm's metrics comparison; the PyTorch DDP reference (jobs/ddp_reference.py)
 )
 
 missing=()
