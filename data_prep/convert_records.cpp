@@ -28,11 +28,25 @@ void RecordProblems::report(const std::string& file, size_t index, const std::st
 
 namespace {
 
-std::string json_text(const nlohmann::json& value) {
-  if (value.is_string()) return value.get<std::string>();
-  if (value.is_number_integer()) return std::to_string(value.get<int64_t>());
-  return value.dump();
+// The text of a scalar JSON value: a string as it is, a number, boolean or
+// null as JSON writes it. Arrays and objects have none (false): a field that
+// holds one is a bad record. (Writing them out recursed once per nesting
+// level: a deeply nested answer overflowed the stack.)
+bool json_scalar_text(const nlohmann::json& value, std::string& text) {
+  if (value.is_string()) {
+    text = value.get<std::string>();
+  } else if (value.is_number_integer()) {
+    text = std::to_string(value.get<int64_t>());
+  } else if (value.is_structured()) {
+    text.clear();
+    return false;
+  } else {
+    text = value.dump();
+  }
+  return true;
 }
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
 std::string upper_trimmed(const std::string& text) {
   std::string result = text_collapse_whitespace(text);
@@ -48,23 +62,33 @@ bool parse_record(const nlohmann::json& item, const std::string& file, size_t in
     problems.report(file, index, "", "(record)", "is not a JSON object");
     return false;
   }
-  if (item.contains("q_lang") && json_text(item["q_lang"]) != options.language) {
-    ++other_language;
-    return false;
-  }
-  record.file = file;
-  record.index = index;
-  const std::string qid_text = item.contains("qid") ? json_text(item["qid"]) : "";
+  std::string qid_text;
+  const bool qid_scalar = !item.contains("qid") || json_scalar_text(item["qid"], qid_text);
   auto bad = [&](const std::string& field, const std::string& message) {
     problems.report(file, index, qid_text, field, message);
     return false;
   };
+  if (item.contains("q_lang")) {
+    std::string language;
+    if (!json_scalar_text(item["q_lang"], language)) {
+      return bad("q_lang",
+                 std::string("is an ") + item["q_lang"].type_name() + ", expected a string");
+    }
+    if (language != options.language) {
+      ++other_language;
+      return false;
+    }
+  }
+  record.file = file;
+  record.index = index;
   if (!item.contains("qid")) return bad("qid", "is missing");
+  if (!qid_scalar)
+    return bad("qid", std::string("is an ") + item["qid"].type_name() + ", not an integer");
   const auto& qid = item["qid"];
   if (qid.is_number_integer()) {
     record.qid = qid.get<int64_t>();
   } else if (qid.is_string() && !qid_text.empty() && qid_text.size() < 19 &&
-             std::all_of(qid_text.begin(), qid_text.end(), ::isdigit)) {
+             std::all_of(qid_text.begin(), qid_text.end(), is_digit)) {
     record.qid = std::stoll(qid_text);
   } else {
     return bad("qid", "'" + qid_text + "' is not an integer");
@@ -88,13 +112,21 @@ bool parse_record(const nlohmann::json& item, const std::string& file, size_t in
   }
   record.question = text_collapse_whitespace(item["question"].get<std::string>());
   if (!item.contains("answer") || item["answer"].is_null()) return bad("answer", "is missing");
-  record.answer = text_collapse_whitespace(json_text(item["answer"]));
+  if (!json_scalar_text(item["answer"], record.answer)) {
+    return bad("answer", std::string("is an ") + item["answer"].type_name() +
+                             ", expected a string or number");
+  }
+  record.answer = text_collapse_whitespace(record.answer);
   record.normalized_answer = answer_normalize(record.answer);
   if (record.normalized_answer.empty()) {
     return bad("answer", "'" + record.answer + "' is empty after normalisation");
   }
-  const std::string type =
-      item.contains("answer_type") ? upper_trimmed(json_text(item["answer_type"])) : "";
+  std::string type;
+  if (item.contains("answer_type") && !json_scalar_text(item["answer_type"], type)) {
+    return bad("answer_type", std::string("is an ") + item["answer_type"].type_name() +
+                                  ", expected CLOSED or OPEN");
+  }
+  type = upper_trimmed(type);
   if (type == "CLOSED") {
     record.answer_type = data::kAnswerTypeClosed;
   } else if (type == "OPEN") {
@@ -104,7 +136,10 @@ bool parse_record(const nlohmann::json& item, const std::string& file, size_t in
   }
   for (const char* field : {"question_type", "content_type"}) {
     if (item.contains(field)) {
-      record.question_type = upper_trimmed(json_text(item[field]));
+      if (!json_scalar_text(item[field], record.question_type)) {
+        return bad(field, std::string("is an ") + item[field].type_name() + ", expected a string");
+      }
+      record.question_type = upper_trimmed(record.question_type);
       break;
     }
   }
