@@ -54,6 +54,14 @@ std::vector<T> read_chunk_rows(hid_t dataset, hid_t memory_type,
   return values;
 }
 
+// "0", "0.25", "nan", "1e-30" for messages (std::to_string gives
+// "0.000000", also for 1e-30).
+std::string number_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.9g", value);
+  return text;
+}
+
 std::vector<int64_t> row_range(int64_t first, int64_t count) {
   std::vector<int64_t> rows(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) rows[i] = first + i;
@@ -66,18 +74,31 @@ void DatasetReader::fail(const std::string& object, const std::string& problem) 
   throw DataFormatError(path_ + ": " + object + ": " + problem);
 }
 
-DatasetReader::DatasetReader(const std::string& path, const std::string& split, hid_t file_access)
-    : path_(path), split_(split) {
+DatasetReader::DatasetReader(const std::string& path, const std::string& split, hid_t file_access,
+                             ReadProgress* progress)
+    : path_(path), split_(split), progress_(progress) {
   hdf5_silence_errors();
   info_.path = path;
   info_.split = split;
   std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    throw DataFormatError(path + ": is a directory, not a dataset file");
+  }
   if (!std::filesystem::is_regular_file(path, error)) {
     throw DataFormatError(path + ": no such dataset file");
   }
   if (H5Fis_hdf5(path.c_str()) <= 0) throw DataFormatError(path + ": not an HDF5 file");
   file_ = Hdf5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, file_access));
-  hdf5_try(file_.get(), "H5Fopen", path);
+  if (!file_.valid()) {
+    const std::string stack = hdf5_error_stack();
+    if (stack.find("truncated file") != std::string::npos) {
+      throw DataFormatError(path +
+                            ": the file is truncated, shorter than its header says (a copy or a "
+                            "write that did not finish?): " +
+                            stack);
+    }
+    throw DataFormatError(path + ": H5Fopen failed: " + stack);
+  }
   validate_header();
   open_split_datasets();
   validate_rows();
@@ -86,6 +107,7 @@ DatasetReader::DatasetReader(const std::string& path, const std::string& split, 
 Hdf5Id DatasetReader::open_checked(const std::string& name, const std::vector<std::string>& dtypes,
                                    const std::vector<int64_t>& expected_shape,
                                    std::vector<int64_t>* shape) {
+  mark("dataset '" + name + "'");
   Hdf5Id dataset = hdf5_open_dataset(file_.get(), name, path_);
   const std::string dtype = hdf5_element_type(dataset.get(), false, name, path_).describe();
   if (std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end()) {
@@ -108,19 +130,23 @@ Hdf5Id DatasetReader::open_checked(const std::string& name, const std::vector<st
 
 void DatasetReader::validate_header() {
   const hid_t root = file_.get();
+  mark(std::string("attribute '") + kAttrFormat + "'");
   const std::string format = hdf5_read_string_attribute(root, kAttrFormat, path_);
   if (format != kFormatName) fail("attribute 'format'", "is '" + format + "', expected 'vqa-hpc'");
+  mark(std::string("attribute '") + kAttrFormatVersion + "'");
   const int64_t version = hdf5_read_int_attribute(root, kAttrFormatVersion, path_);
   if (version != kFormatVersion) {
     fail("attribute 'format_version'", "is " + std::to_string(version) +
                                            ", this build reads version " +
                                            std::to_string(kFormatVersion));
   }
+  mark(std::string("attribute '") + kAttrImageStorage + "'");
   const std::string storage = hdf5_read_string_attribute(root, kAttrImageStorage, path_);
   if (storage != "pixels" && storage != "features") {
     fail("attribute 'image_storage'", "is '" + storage + "', expected 'pixels' or 'features'");
   }
   info_.has_features = storage == "features";
+  mark(std::string("attribute '") + kAttrImageSize + "'");
   info_.image_size = hdf5_read_int_attribute(root, kAttrImageSize, path_);
   if (info_.has_features ? info_.image_size != 0
                          : (info_.image_size < 1 || info_.image_size > kMaxImageSize)) {
@@ -129,7 +155,9 @@ void DatasetReader::validate_header() {
              (info_.has_features ? ", expected 0 with features"
                                  : ", expected 1.." + std::to_string(kMaxImageSize)));
   }
+  mark(std::string("attribute '") + kAttrImageMean + "'");
   info_.image_mean = hdf5_read_double_attribute(root, kAttrImageMean, path_);
+  mark(std::string("attribute '") + kAttrImageStd + "'");
   info_.image_std = hdf5_read_double_attribute(root, kAttrImageStd, path_);
   if (info_.image_mean.size() != 3 || info_.image_std.size() != 3) {
     fail("attributes 'image_mean'/'image_std'",
@@ -137,27 +165,36 @@ void DatasetReader::validate_header() {
              std::to_string(info_.image_std.size()));
   }
   for (size_t c = 0; c < 3; ++c) {
-    if (!std::isfinite(info_.image_mean[c]) || !(info_.image_std[c] > 0.0) ||
-        !std::isfinite(info_.image_std[c])) {
+    if (!std::isfinite(info_.image_mean[c])) {
+      fail("attribute 'image_mean'", "channel " + std::to_string(c) + " is " +
+                                         number_text(info_.image_mean[c]) +
+                                         ", expected a finite number");
+    }
+    if (!(info_.image_std[c] > 0.0) || !std::isfinite(info_.image_std[c])) {
       fail("attribute 'image_std'", "channel " + std::to_string(c) + " is " +
-                                        std::to_string(info_.image_std[c]) + ", expected > 0");
+                                        number_text(info_.image_std[c]) +
+                                        ", expected a number > 0");
     }
   }
+  mark(std::string("attribute '") + kAttrMaxQuestionLength + "'");
   info_.max_question_length = hdf5_read_int_attribute(root, kAttrMaxQuestionLength, path_);
   if (info_.max_question_length < 1 || info_.max_question_length > kMaxQuestionLength) {
     fail("attribute 'max_question_length'", "is " + std::to_string(info_.max_question_length) +
                                                 ", expected 1.." +
                                                 std::to_string(kMaxQuestionLength));
   }
+  mark(std::string("attribute '") + kAttrNumAnswers + "'");
   info_.num_answers = hdf5_read_int_attribute(root, kAttrNumAnswers, path_);
   if (info_.num_answers < 1 || info_.num_answers > kMaxAnswers) {
     fail("attribute 'num_answers'", "is " + std::to_string(info_.num_answers) + ", expected 1.." +
                                         std::to_string(kMaxAnswers));
   }
+  mark(std::string("attribute '") + kAttrTokenizer + "'");
   info_.tokenizer = hdf5_read_string_attribute(root, kAttrTokenizer, path_);
 
   std::vector<int64_t> shape;
   Hdf5Id answers = open_checked(kAnswerVocabulary, {"string"}, {info_.num_answers}, &shape);
+  mark(std::string("dataset '") + kAnswerVocabulary + "' (its strings)");
   info_.answer_labels = hdf5_read_strings(answers.get(), 0, shape[0], kAnswerVocabulary, path_);
   Hdf5Id tokens = open_checked(kTokenVocabulary, {"string"}, {-1}, &shape);
   if (shape[0] <= kClassToken || shape[0] > kMaxVocabulary) {
@@ -165,11 +202,13 @@ void DatasetReader::validate_header() {
          "has " + std::to_string(shape[0]) + " entries, expected " +
              std::to_string(kClassToken + 1) + ".." + std::to_string(kMaxVocabulary));
   }
+  mark(std::string("dataset '") + kTokenVocabulary + "' (its strings)");
   tokens_ = hdf5_read_strings(tokens.get(), 0, shape[0], kTokenVocabulary, path_);
   info_.vocab_size = shape[0];
   Hdf5Id types = open_checked(kQuestionTypeVocabulary, {"string"}, {-1}, &shape);
   if (shape[0] > kMaxAnswers)
     fail(kQuestionTypeVocabulary, "has " + std::to_string(shape[0]) + " entries");
+  mark(std::string("dataset '") + kQuestionTypeVocabulary + "' (its strings)");
   question_types_ = hdf5_read_strings(types.get(), 0, shape[0], kQuestionTypeVocabulary, path_);
 }
 
@@ -249,6 +288,8 @@ void DatasetReader::validate_rows() {
   };
   for (int64_t first = 0; first < n; first += kValidationBlockRows) {
     const int64_t count = std::min(kValidationBlockRows, n - first);
+    mark("rows " + std::to_string(first) + ".." + std::to_string(first + count - 1) + " of " +
+         prefix + "questions and targets");
     const std::vector<int64_t> rows = row_range(first, count);
     const auto tokens = hdf5_read_rows<int32_t>(token_ids_.get(), H5T_NATIVE_INT32, rows, length,
                                                 prefix + kTokenIds, path_);
@@ -291,7 +332,7 @@ void DatasetReader::validate_rows() {
         }
         if (!(score >= 0.0f && score <= 1.0f)) {
           fail("dataset '" + prefix + kTargetScores + "' row " + std::to_string(row),
-               "score " + std::to_string(score) + " is outside [0, 1]");
+               "score " + number_text(score) + " is outside [0, 1]");
         }
         if (label >= 0 && score > best_score) best = label, best_score = score;
       }
@@ -316,6 +357,7 @@ void DatasetReader::check_rows(const std::vector<int64_t>& rows, int64_t limit,
 
 QuestionRows DatasetReader::read_question_rows(const std::vector<int64_t>& rows) {
   check_rows(rows, info_.num_questions, "read_question_rows");
+  mark(std::to_string(rows.size()) + " rows of /" + split_ + "/questions and targets");
   const int64_t length = info_.max_question_length;
   const std::string prefix = "/" + split_ + "/";
   QuestionRows result;
@@ -353,6 +395,7 @@ QuestionRows DatasetReader::read_question_rows(const std::vector<int64_t>& rows)
 std::vector<uint8_t> DatasetReader::read_pixels(const std::vector<int64_t>& image_rows) {
   if (info_.has_features) fail("read_pixels", "the file stores features, not pixels");
   check_rows(image_rows, info_.num_images, "read_pixels");
+  mark(std::to_string(image_rows.size()) + " rows of /" + split_ + "/" + kImages);
   const int64_t size = info_.image_size;
   return read_chunk_rows<uint8_t>(images_.get(), H5T_NATIVE_UINT8, image_rows, 3 * size * size,
                                   "/" + split_ + "/" + kImages, path_);
@@ -361,6 +404,7 @@ std::vector<uint8_t> DatasetReader::read_pixels(const std::vector<int64_t>& imag
 std::vector<float> DatasetReader::read_features(const std::vector<int64_t>& image_rows) {
   if (!info_.has_features) fail("read_features", "the file stores pixels, not features");
   check_rows(image_rows, info_.num_images, "read_features");
+  mark(std::to_string(image_rows.size()) + " rows of /" + split_ + "/" + kFeatures);
   return read_chunk_rows<float>(images_.get(), H5T_NATIVE_FLOAT, image_rows,
                                 info_.feature_tokens * info_.feature_dim,
                                 "/" + split_ + "/" + kFeatures, path_);

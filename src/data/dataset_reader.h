@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/dataset_info.h"  // DatasetInfo
@@ -32,6 +34,27 @@ struct QuestionRecord {
   std::vector<float> scores;
 };
 
+// What a reader is reading, for a watchdog on another thread: the count grows
+// before every attribute, dataset or block of rows the reader reads, and
+// `what` names it. Thread-safe.
+class ReadProgress {
+ public:
+  void mark(std::string what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    what_ = std::move(what);
+    ++count_;
+  }
+  std::pair<int64_t, std::string> snapshot() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {count_, what_};
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  int64_t count_ = 0;
+  std::string what_ = "the file's superblock";
+};
+
 // Question rows as stored, each array row-major over the rows asked for.
 struct QuestionRows {
   std::vector<int64_t> token_ids, attention_mask;            // [n, L]
@@ -47,7 +70,9 @@ class DatasetReader {
   // collective). Validates the header, the vocabularies, every dataset's
   // shape and dtype and every index value, streaming the question arrays in
   // blocks (memory does not grow with the file). Throws DataFormatError.
-  DatasetReader(const std::string& path, const std::string& split, hid_t file_access = H5P_DEFAULT);
+  // progress: optional, marked before each read for the whole reader's life.
+  DatasetReader(const std::string& path, const std::string& split, hid_t file_access = H5P_DEFAULT,
+                ReadProgress* progress = nullptr);
 
   const DatasetInfo& info() const { return info_; }
   const SplitStatistics& statistics() const { return statistics_; }
@@ -69,10 +94,14 @@ class DatasetReader {
   void validate_rows();
   Hdf5Id open_checked(const std::string& name, const std::vector<std::string>& dtypes,
                       const std::vector<int64_t>& expected_shape, std::vector<int64_t>* shape);
+  void mark(const std::string& what) {
+    if (progress_) progress_->mark(what);
+  }
   void check_rows(const std::vector<int64_t>& rows, int64_t limit, const char* what) const;
   [[noreturn]] void fail(const std::string& object, const std::string& problem) const;
 
   std::string path_, split_;
+  ReadProgress* progress_ = nullptr;
   DatasetInfo info_;
   SplitStatistics statistics_;
   std::vector<std::string> tokens_, question_types_;

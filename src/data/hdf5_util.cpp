@@ -288,12 +288,18 @@ std::vector<std::string> hdf5_read_strings(hid_t dataset, int64_t first, int64_t
   hdf5_try(memory_space.get(), "H5Screate_simple", path);
   Hdf5Id memory_type = hdf5_string_type();
   std::vector<char*> texts(static_cast<size_t>(count), nullptr);
-  hdf5_try(H5Dread(dataset, memory_type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
-                   texts.data()),
-           ("H5Dread('" + name + "')").c_str(), path);
-  result.reserve(texts.size());
-  for (char* text : texts) result.emplace_back(text ? text : "");
+  const herr_t status = H5Dread(dataset, memory_type.get(), memory_space.get(), file_space.get(),
+                                H5P_DEFAULT, texts.data());
+  // A read that fails part way (a damaged string heap) has already allocated
+  // some strings: free them too, after taking the error text (the next HDF5
+  // call clears the error stack).
+  const std::string error = status < 0 ? hdf5_error_stack() : "";
+  if (status >= 0) {
+    result.reserve(texts.size());
+    for (char* text : texts) result.emplace_back(text ? text : "");
+  }
   H5Dvlen_reclaim(memory_type.get(), memory_space.get(), H5P_DEFAULT, texts.data());
+  if (status < 0) throw DataFormatError(path + ": H5Dread('" + name + "') failed: " + error);
   return result;
 }
 

@@ -10,12 +10,23 @@ Hdf5IoThread& Hdf5IoThread::instance() {
 Hdf5IoThread::Hdf5IoThread() : thread_([this] { run(); }) {}
 
 Hdf5IoThread::~Hdf5IoThread() {
+  bool abandoned = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
+    abandoned = abandoned_;
   }
   wake_.notify_one();
-  thread_.join();
+  if (abandoned) {
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
+}
+
+void Hdf5IoThread::abandon() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  abandoned_ = true;
 }
 
 void Hdf5IoThread::enqueue(std::function<void()> work) {

@@ -29,6 +29,12 @@ class Hdf5IoThread {
     return result;
   }
 
+  // For a caller that gave up waiting on a task stuck inside HDF5 (a damaged
+  // file can make HDF5 1.10 loop forever): the thread cannot be stopped, so
+  // the destructor leaves it running instead of joining it, and the process
+  // should end soon (the job does, through fatal_user_error).
+  void abandon();
+
   ~Hdf5IoThread();
 
  private:
@@ -39,7 +45,7 @@ class Hdf5IoThread {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
+  bool stopping_ = false, abandoned_ = false;
   std::thread thread_;
 };
 

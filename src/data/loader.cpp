@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <stdexcept>
 
 #include "data/dataset_reader.h"  // DatasetReader, QuestionRows
 #include "data/io_thread.h"       // Hdf5IoThread
-#include "runtime/distributed.h"  // distributed_is_initialized, distributed_configure_mpio
+#include "runtime/distributed.h"  // distributed_is_initialized, _barrier, _configure_mpio
 
 namespace vqa::data {
 
@@ -15,11 +16,37 @@ namespace {
 // Opens on the I/O thread: with the runtime up through MPI-IO (collective),
 // else with the default driver.
 std::shared_ptr<DatasetReader> open_reader(const std::string& path, const std::string& split,
-                                           bool use_mpio) {
+                                           bool use_mpio, ReadProgress* progress) {
   Hdf5Id access(H5Pcreate(H5P_FILE_ACCESS));
   hdf5_try(access.get(), "H5Pcreate(H5P_FILE_ACCESS)", path);
   if (use_mpio) runtime::distributed_configure_mpio(access.get());
-  return std::make_shared<DatasetReader>(path, split, access.get());
+  return std::make_shared<DatasetReader>(path, split, access.get(), progress);
+}
+
+// Waits for the reader; throws when its progress count stands still for
+// stall_seconds (see LoaderOptions).
+std::shared_ptr<DatasetReader> wait_for_reader(std::future<std::shared_ptr<DatasetReader>> opening,
+                                               const ReadProgress& progress, double stall_seconds,
+                                               const std::string& path) {
+  using Clock = std::chrono::steady_clock;
+  auto last_change = Clock::now();
+  int64_t last_count = -1;
+  while (opening.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    const auto [count, what] = progress.snapshot();
+    if (count != last_count) {
+      last_count = count;
+      last_change = Clock::now();
+    } else if (stall_seconds > 0 &&
+               std::chrono::duration<double>(Clock::now() - last_change).count() > stall_seconds) {
+      Hdf5IoThread::instance().abandon();
+      char seconds[32];
+      std::snprintf(seconds, sizeof(seconds), "%g", stall_seconds);
+      throw DataFormatError(path + ": " + what + ": HDF5 has not returned for " + seconds +
+                            " s; the file is most likely damaged (HDF5 can loop forever on a "
+                            "corrupt heap or index): write it again with vqa_prep");
+    }
+  }
+  return opening.get();
 }
 
 std::vector<int64_t> sorted_unique(std::vector<int64_t> values) {
@@ -109,9 +136,15 @@ ShardedLoader::ShardedLoader(const std::string& path, const std::string& split,
         ", prefetch_depth " + std::to_string(options.prefetch_depth));
   }
   const bool use_mpio = runtime::distributed_is_initialized();
-  reader_ = Hdf5IoThread::instance()
-                .submit([path, split, use_mpio] { return open_reader(path, split, use_mpio); })
-                .get();
+  // Every rank arrives before the (collective) open, so that a rank still
+  // starting up does not count as a stall of the others.
+  if (use_mpio) runtime::distributed_barrier();
+  // The task holds the progress too: it outlives this loader when HDF5 never returns.
+  progress_ = std::make_shared<ReadProgress>();
+  auto opening = Hdf5IoThread::instance().submit([path, split, use_mpio, progress = progress_] {
+    return open_reader(path, split, use_mpio, progress.get());
+  });
+  reader_ = wait_for_reader(std::move(opening), *progress_, options.stall_seconds, path);
   info_ = reader_->info();
   const int64_t n = info_.num_questions;
   num_samples_per_rank_ = options_.drop_last ? n / options_.world_size

@@ -16,7 +16,8 @@
 // Errors: a malformed or unreadable file throws DataFormatError (a
 // std::runtime_error) naming the file, the dataset or attribute and the value;
 // from the constructor, or from next() when it happens while preparing a batch.
-// Every rank validates the same file, so every rank throws.
+// Every rank validates the same file, so every rank throws. A file on which
+// HDF5 stops returning throws too (LoaderOptions::stall_seconds).
 #pragma once
 
 #include <torch/torch.h>
@@ -58,9 +59,17 @@ struct LoaderOptions {
   int prefetch_depth = 2;  // batches prepared ahead; 0 reads in next() (still on the I/O thread)
   int rank = 0;
   int world_size = 1;
+  // Opening and validating the file fails (DataFormatError naming the file
+  // and what was being read) when HDF5 does not return for this long: one
+  // attribute, dataset or block of rows never takes seconds, but HDF5 1.10
+  // can loop forever on a damaged file. 0: wait forever. After such a
+  // failure the I/O thread stays stuck inside HDF5, so the process must end
+  // (the job does: fatal_user_error).
+  double stall_seconds = 15.0;
 };
 
 class DatasetReader;  // dataset_reader.h: the HDF5 side, used on the I/O thread only
+class ReadProgress;   // dataset_reader.h: what the reader is reading, for the stall check
 
 class ShardedLoader {
  public:
@@ -88,8 +97,9 @@ class ShardedLoader {
 
   LoaderOptions options_;
   DatasetInfo info_;
-  std::shared_ptr<DatasetReader> reader_;  // touched only on the I/O thread
-  std::vector<int64_t> shard_;             // this rank's sample indices for the epoch
+  std::shared_ptr<ReadProgress> progress_;  // the reader marks it for as long as it lives
+  std::shared_ptr<DatasetReader> reader_;   // touched only on the I/O thread
+  std::vector<int64_t> shard_;              // this rank's sample indices for the epoch
   int64_t num_samples_per_rank_ = 0;
   int64_t next_submit_ = 0, next_return_ = 0, steps_ = 0;
   std::deque<std::future<Batch>> in_flight_;
