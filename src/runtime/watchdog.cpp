@@ -35,7 +35,7 @@ std::atomic<double> g_timeout{kDefaultCollectiveTimeoutSeconds};
 
 constexpr double kWakeSeconds = 0.1;    // how often the thread looks (and answers peers)
 constexpr double kMaxReplyWait = 1.0;   // how long a query waits for answers
-constexpr int kAbortGraceSeconds = 10;  // MPI_Abort gets this long before _Exit
+constexpr int kAbortGraceSeconds = 5;  // MPI_Abort gets this long before _Exit
 constexpr size_t kMaxNamedRanks = 16;   // longer lists end with "and N more"
 constexpr int kQueryTag = 7301;
 constexpr int kReplyTag = 7302;

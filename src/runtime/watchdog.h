@@ -27,6 +27,12 @@
 // one clock read (well under a microsecond), and per process a thread that
 // wakes every 100 ms to test one posted receive.
 //
+// A network cut between nodes: MPI_Abort needs the launcher, which the cut
+// may make unreachable (its messages then wait on TCP retransmission for
+// many minutes), so a rank that called it exits by itself 5 s later. The
+// launcher must notice a lost node itself, by the TCP keepalive settings in
+// jobs/mpirun-tune.conf (about 20 s); keep --comm-timeout longer than that.
+//
 // The watchdog also names a lost rank: while this rank has a collective in
 // flight (or has been asked to stop by a signal, which is how mpirun tears a
 // job down after a rank died), a rank on the same host whose process no

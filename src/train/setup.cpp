@@ -1,10 +1,13 @@
 #include "train/setup.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <thread>
 
 #include "runtime/check.h"         // fatal_user_error
 #include "runtime/communicator.h"  // cuda_device_count
+#include "runtime/distributed.h"   // distributed_gather_strings, distributed_rank_info
 
 namespace vqa::train {
 
@@ -27,19 +30,110 @@ torch::Device setup_device(const TrainConfig& config, const runtime::RankInfo& r
   return torch::Device(torch::kCPU);
 }
 
-void require_same_on_all_ranks(const std::string& what, const std::string& text) {
+namespace {
+
+// Lines of `text`, also split at '|' (identity strings join their parts with it).
+std::vector<std::string> text_parts(const std::string& text) {
+  std::vector<std::string> parts(1);
+  for (char c : text) {
+    if (c == '\n' || c == '|') {
+      parts.emplace_back();
+    } else {
+      parts.back() += c;
+    }
+  }
+  if (parts.back().empty()) parts.pop_back();
+  return parts;
+}
+
+// "lr = 0.002 (rank 0: lr = 0.001); ..." for the parts of `other` that differ
+// from `reference`, at most kMaxShown of them.
+std::string describe_difference(const std::string& reference, const std::string& other) {
+  constexpr size_t kMaxShown = 6;
+  const auto want = text_parts(reference);
+  const auto got = text_parts(other);
+  std::string text;
+  size_t shown = 0, differing = 0;
+  for (size_t i = 0; i < std::max(want.size(), got.size()); ++i) {
+    const std::string a = i < want.size() ? want[i] : "(nothing)";
+    const std::string b = i < got.size() ? got[i] : "(nothing)";
+    if (a == b) continue;
+    if (++differing > kMaxShown) continue;
+    text += (shown++ ? "; " : "") + std::string("'") + b + "' where rank 0 has '" + a + "'";
+  }
+  if (differing > kMaxShown) text += "; and " + std::to_string(differing - kMaxShown) + " more";
+  return text.empty() ? "the same text with another hash" : text;
+}
+
+// A file's identity without HDF5: "PATH: N bytes, checksum X of its first
+// and last 64 KiB", or "PATH: missing or unreadable".
+std::string file_identity(const std::string& path) {
+  constexpr std::streamoff kEdgeBytes = 64 * 1024;
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return path + ": missing or unreadable";
+  file.seekg(0, std::ios::end);
+  const std::streamoff size = file.tellg();
+  std::string edges(static_cast<size_t>(std::min(size, kEdgeBytes)), '\0');
+  file.seekg(0);
+  file.read(edges.data(), static_cast<std::streamsize>(edges.size()));
+  if (size > kEdgeBytes) {
+    std::string tail(static_cast<size_t>(std::min(size - kEdgeBytes, kEdgeBytes)), '\0');
+    file.seekg(size - static_cast<std::streamoff>(tail.size()));
+    file.read(tail.data(), static_cast<std::streamsize>(tail.size()));
+    edges += tail;
+  }
+  if (!file) return path + ": unreadable";
+  char checksum[32];
+  std::snprintf(checksum, sizeof(checksum), "%016llx",
+                static_cast<unsigned long long>(stable_hash(edges)));
+  return path + ": " + std::to_string(size) + " bytes, checksum " + checksum +
+         " of its first and last 64 KiB";
+}
+
+// Stops the job before training when `text` differs between the ranks;
+// rank 0 prints `headline` and the differences.
+void require_same_text(const std::string& headline, const std::string& text) {
   const auto hashes = runtime::distributed_gather_strings(std::to_string(stable_hash(text)));
-  std::string differing;
+  if (std::all_of(hashes.begin(), hashes.end(),
+                  [&](const std::string& hash) { return hash == hashes[0]; })) {
+    return;
+  }
+  // Only on a mismatch: every rank's text and host, to show the difference.
+  const auto texts = runtime::distributed_gather_strings(text);
+  const auto hosts = runtime::distributed_gather_strings(runtime::distributed_rank_info().host);
+  constexpr int kMaxRanksShown = 4;
+  std::string report;
+  int differing = 0;
   for (size_t r = 1; r < hashes.size(); ++r) {
-    if (hashes[r] != hashes[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
+    if (hashes[r] == hashes[0]) continue;
+    if (++differing > kMaxRanksShown) continue;
+    report += "\n  rank " + std::to_string(r) + " (" + hosts[r] +
+              "): " + describe_difference(texts[0], texts[r]);
   }
-  if (!differing.empty()) {
-    runtime::fatal_user_error("the " + what + " differs between rank 0 and rank(s) " + differing +
-                              " (hash " + hashes[0] +
-                              " on rank 0); every rank must run with the "
-                              "same " +
-                              what);
+  if (differing > kMaxRanksShown) {
+    report += "\n  and " + std::to_string(differing - kMaxRanksShown) + " more rank(s)";
   }
+  runtime::fatal_user_error_from_rank0(headline + " (rank 0 runs on " + hosts[0] + "):" + report);
+}
+
+}  // namespace
+
+void require_same_on_all_ranks(const std::string& what, const std::string& text) {
+  require_same_text(
+      "the " + what + " differs between the ranks; every rank must run with the same " + what,
+      text);
+}
+
+void require_same_files_on_all_ranks(const std::vector<std::string>& paths) {
+  std::string identity;
+  std::vector<std::string> seen;
+  for (const auto& path : paths) {
+    if (std::find(seen.begin(), seen.end(), path) != seen.end()) continue;
+    seen.push_back(path);
+    identity += (identity.empty() ? "" : "\n") + file_identity(path);
+  }
+  require_same_text("the dataset files differ between the ranks; copy the same file to every node",
+                    identity);
 }
 
 model::ModelConfig setup_model_config(const TrainConfig& config, const data::DatasetInfo& dataset) {
