@@ -23,6 +23,8 @@ target_compile_definitions(vqa_hdf5 INTERFACE ${HDF5_DEFINITIONS})
 target_link_libraries(vqa_hdf5 INTERFACE ${HDF5_C_LIBRARIES} MPI::MPI_C)
 
 find_package(Boost 1.71 REQUIRED COMPONENTS program_options)
+# CRC-32 of checkpoint files (zlib's, the one of gzip and zip).
+find_package(ZLIB REQUIRED)
 # OpenCV: only core, imgcodecs and imgproc (decode, resize, crop). Debian
 # ships OpenCVConfig.cmake only with the full libopencv-dev, so fall back to
 # finding the three libraries directly.

@@ -14,6 +14,7 @@ packages=(
   libboost-program-options-dev          # command line + INI configuration
   libopencv-core-dev libopencv-imgcodecs-dev libopencv-imgproc-dev  # image decode/resize in vqa_prep
   nlohmann-json3-dev                    # VQA-RAD / SLAKE JSON in vqa_prep
+  zlib1g-dev                            # CRC-32 checksums of checkpoints
   libgtest-dev                          # tests
   shellcheck                            # lint of the job scripts (a test)
   slurmctld slurmd slurm-client munge   # a real single-node Slurm for the cluster-script tests

@@ -191,6 +191,10 @@ void config_finalize(TrainConfig& c, int world_size) {
     fatal_user_error("--timeline-first-step must be >= 0, got " +
                      std::to_string(c.timeline_first_step));
   }
+  if (c.keep_checkpoints < 0) {
+    fatal_user_error("--keep-checkpoints must be >= 0 (0 keeps all), got " +
+                     std::to_string(c.keep_checkpoints));
+  }
   if (c.nonfinite != "stop" && c.nonfinite != "skip" && c.nonfinite != "off") {
     fatal_user_error("--nonfinite must be stop, skip or off, got '" + c.nonfinite + "'");
   }
