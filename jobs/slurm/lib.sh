@@ -88,7 +88,7 @@ slurm_launch_command() {
     done
     # TCP keepalive for mpirun's daemons: a lost node ends the job in about
     # 20 s instead of 8 minutes (the file says why).
-    [[ -f jobs/mca-params.conf ]] && launch_command+=(-am "$PWD/jobs/mca-params.conf")
+    [[ -f jobs/mpirun-tune.conf ]] && launch_command+=(--tune "$PWD/jobs/mpirun-tune.conf")
     # Open MPI refuses root unless told; containers and CI run jobs as root.
     [[ $(id -u) -eq 0 ]] && launch_command+=(--allow-run-as-root)
   fi
