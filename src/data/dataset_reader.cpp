@@ -47,9 +47,13 @@ std::vector<T> read_chunk_rows(hid_t dataset, hid_t memory_type,
   std::vector<T> values(sorted_rows.size() * static_cast<size_t>(row_elements));
   for (size_t i = 0; i < sorted_rows.size(); ++i) {
     Hdf5RowSelection selection = hdf5_select_rows(dataset, {sorted_rows[i]}, name, path);
-    hdf5_try(H5Dread(dataset, memory_type, selection.memory_space.get(), selection.file_space.get(),
-                     H5P_DEFAULT, values.data() + i * row_elements),
-             ("H5Dread('" + name + "')").c_str(), path);
+    if (H5Dread(dataset, memory_type, selection.memory_space.get(), selection.file_space.get(),
+                H5P_DEFAULT, values.data() + i * row_elements) < 0) {
+      // Not validated on open (that would read every image): a damaged chunk shows here.
+      throw DataFormatError(path + ": dataset '" + name + "' row " +
+                            std::to_string(sorted_rows[i]) +
+                            ": cannot be read (a damaged chunk?): " + hdf5_error_stack());
+    }
   }
   return values;
 }

@@ -52,13 +52,11 @@ herr_t Hdf5Id::reset() {
 void hdf5_silence_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
 namespace {
-herr_t collect_error(unsigned depth, const H5E_error2_t* error, void* out) {
-  auto* text = static_cast<std::string*>(out);
-  if (!text->empty()) text->append(" <- ");
-  text->append(error->func_name ? error->func_name : "?");
-  text->append(": ");
-  text->append(error->desc ? error->desc : "?");
-  return depth < 3 ? 0 : 1;  // the top few frames say enough
+herr_t collect_error(unsigned, const H5E_error2_t* error, void* out) {
+  static_cast<std::vector<std::string>*>(out)->push_back(
+      std::string(error->func_name ? error->func_name : "?") + ": " +
+      (error->desc ? error->desc : "?"));
+  return 0;
 }
 
 // For HDF5 calls that involve no file (types): they fail only when the library does.
@@ -69,9 +67,21 @@ void hdf5_require(int64_t rc, const char* what) {
 }  // namespace
 
 std::string hdf5_error_stack() {
+  std::vector<std::string> frames;  // from the API call down to where it failed
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &frames);
+  if (frames.empty()) return "no HDF5 error on the stack";
+  // The outer frames say which call failed, the innermost ones why ("data
+  // error detected by Fletcher32 checksum", "truncated file: eof = ..."):
+  // the first three and the last two.
   std::string text;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &text);
-  return text.empty() ? "no HDF5 error on the stack" : text;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    if (i == 3 && frames.size() > 5) {
+      text += " <- ...";
+      i = frames.size() - 2;
+    }
+    text += (text.empty() ? "" : " <- ") + frames[i];
+  }
+  return text;
 }
 
 void hdf5_try(int64_t rc, const char* what, const std::string& path) {
