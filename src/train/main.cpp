@@ -26,7 +26,7 @@
 #include "train/gradient_sync.h"   // GradientSynchronizer, broadcast_module_state
 #include "train/optimizer.h"       // VqaOptimizer
 #include "train/run_log.h"         // RunLog
-#include "train/setup.h"           // setup_device, setup_model_config, require_same_on_all_ranks
+#include "train/setup.h"           // setup_device, setup_model_config, require_same_*
 #include "train/step_report.h"     // rank_summary_build, epoch_report_build, allreduce_probe
 #include "train/step_timer.h"      // StepTimer
 #include "train/timeline.h"        // Timeline
@@ -113,6 +113,8 @@ int main(int argc, char** argv) {
   if (rank.rank == 0) runtime::warn_if_reference_blas();
 
   // ---- data -------------------------------------------------------------
+  // Node-local copies that differ would hang the collective HDF5 open.
+  train::require_same_files_on_all_ranks({config.train_data, config.test_data});
   auto train_loader = open_loader(config.train_data, "train", config, rank, /*shuffle=*/true);
   auto test_loader = open_loader(config.test_data, "test", config, rank, /*shuffle=*/false);
   train::require_same_on_all_ranks(
