@@ -33,10 +33,14 @@ using Clock = std::chrono::steady_clock;
 
 std::atomic<double> g_timeout{kDefaultCollectiveTimeoutSeconds};
 
-constexpr double kWakeSeconds = 0.1;    // how often the thread looks (and answers peers)
-constexpr double kMaxReplyWait = 1.0;   // how long a query waits for answers
-constexpr int kAbortGraceSeconds = 5;  // MPI_Abort gets this long before _Exit
-constexpr size_t kMaxNamedRanks = 16;   // longer lists end with "and N more"
+constexpr double kWakeSeconds = 0.1;   // how often the thread looks (and answers peers)
+constexpr double kMaxReplyWait = 1.0;  // how long a query waits for answers
+// MPI_Abort gets this long before _Exit: the request reaches a reachable
+// launcher in milliseconds, and the launcher then ends every rank; waiting
+// longer only keeps this rank alive while mpirun runs its SIGCONT, SIGTERM,
+// SIGKILL rounds (1 s apart).
+constexpr int kAbortGraceSeconds = 1;
+constexpr size_t kMaxNamedRanks = 16;  // longer lists end with "and N more"
 constexpr int kQueryTag = 7301;
 constexpr int kReplyTag = 7302;
 

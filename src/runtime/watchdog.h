@@ -29,7 +29,7 @@
 //
 // A network cut between nodes: MPI_Abort needs the launcher, which the cut
 // may make unreachable (its messages then wait on TCP retransmission for
-// many minutes), so a rank that called it exits by itself 5 s later. The
+// many minutes), so a rank that called it exits by itself 1 s later. The
 // launcher must notice a lost node itself, by the TCP keepalive settings in
 // jobs/mpirun-tune.conf (about 20 s); keep --comm-timeout longer than that.
 //

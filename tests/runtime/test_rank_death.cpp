@@ -40,25 +40,26 @@ TEST(RankDeath, KilledRankEndsEveryRankQuicklyAndTheLatestCheckpointResumes) {
                             " --global-batch 16 --batch-per-rank 8 --eval-every 0"
                             " --save-every 1 --seed 3";
   // Once the checkpoint of epoch 1 is written, SIGKILL rank 1 (found by its
-  // Open MPI rank variable) and time the exit of rank 0 and of mpirun.
+  // Open MPI rank variable) and time the exit of rank 0's process (gone, or
+  // a zombie that mpirun, busy with its teardown, has not reaped yet) and of
+  // mpirun.
   const std::string script =
-      vqa::testing::mpirun_prefix(2) + train +
-      " & job=$!\n"
-      "while [ ! -e " +
-      out +
-      "/checkpoints/epoch-0001.pt ]; do\n"
-      "  kill -0 $job 2>/dev/null || { echo 'job ended before the kill'; exit 99; }\n"
-      "  sleep 0.02\n"
-      "done\n"
-      "for p in $(pgrep -P $job); do\n"
-      "  if tr '\\0' '\\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=1; then r1=$p;"
-      " else r0=$p; fi\n"
-      "done\n"
-      "t0=$(date +%s.%N); kill -9 $r1\n"
-      "while kill -0 $r0 2>/dev/null; do sleep 0.01; done; t1=$(date +%s.%N)\n"
-      "wait $job; status=$?; t2=$(date +%s.%N)\n"
-      "echo \"RANK_DEATH status=$status rank0_exit=$(awk \"BEGIN{print $t1-$t0}\")"
-      " mpirun_exit=$(awk \"BEGIN{print $t2-$t0}\")\"\n";
+      "OUT=" + out + "\n" + vqa::testing::mpirun_prefix(2) + train + " & job=$!\n" + R"sh(
+while [ ! -e $OUT/checkpoints/epoch-0001.pt ]; do
+  kill -0 $job 2>/dev/null || { echo 'job ended before the kill'; exit 99; }
+  sleep 0.02
+done
+for p in $(pgrep -P $job); do
+  if tr '\0' '\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=1; then r1=$p; else r0=$p; fi
+done
+state() { cut -d' ' -f3 /proc/$1/stat 2>/dev/null || echo gone; }
+t0=$(date +%s.%N); kill -9 $r1
+while [ "$(state $r0)" != gone ] && [ "$(state $r0)" != Z ]; do sleep 0.01; done
+t1=$(date +%s.%N)
+wait $job; status=$?; t2=$(date +%s.%N)
+echo "RANK_DEATH status=$status rank0_exit=$(awk "BEGIN{print $t1-$t0}")" \
+     "mpirun_exit=$(awk "BEGIN{print $t2-$t0}")"
+)sh";
   const auto killed = vqa::testing::run_process(script, 300);
   const double rank0_exit = value_after(killed.output, "rank0_exit");
   const double mpirun_exit = value_after(killed.output, "mpirun_exit");
