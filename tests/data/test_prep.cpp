@@ -201,9 +201,15 @@ std::vector<BadCase> bad_cases() {
       {"absolute name", "image_name", "'/etc/passwd' is an absolute path",
        [](Fixture& f) { f.train[1]["image_name"] = "/etc/passwd"; }, true},
       {"structured answer", "answer", "is an array, expected a string or number",
-       [](Fixture& f) { f.train[1]["answer"] = json::array({1, 2}); }, true},
+       [](Fixture& f) {
+         f.train[1]["answer"] = json::array({1, 2});
+       },
+       true},
       {"structured answer_type", "answer_type", "is an object, expected CLOSED or OPEN",
-       [](Fixture& f) { f.train[1]["answer_type"] = json::object({{"CLOSED", true}}); }, true},
+       [](Fixture& f) {
+         f.train[1]["answer_type"] = json::object({{"CLOSED", true}});
+       },
+       true},
   };
 }
 
