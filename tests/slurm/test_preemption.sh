@@ -85,6 +85,7 @@ until [[ $(slurm_job_field "$job" Restarts) == 1 ]]; do
   ((SECONDS - signalled < 60)) || fail "job $job was not requeued within 60 s"
   sleep 0.2
 done
+requeued=$SECONDS
 echo "job $job requeued $((SECONDS - signalled)) s after the signal:" \
   "$(slurm_job_field "$job" JobState) ($(slurm_job_field "$job" Reason))"
 grep -q "stopped by SIGUSR1" "$run_dir/train.log" "$output" ||
@@ -101,6 +102,9 @@ epochs_before=$(grep -c . "$run_dir/metrics.jsonl" 2>/dev/null || true)
 # in the test's slurm.conf) and its begin time has come; the begin time of a
 # requeued job lies some minutes ahead, so bring it forward as an operator
 # would (scontrol update ... StartTime=now).
+# Started before its old credential has expired, the job is killed ("Job
+# credential revoked"): wait out cred_expire (10 s) plus a margin first.
+while ((SECONDS - requeued < 13)); do sleep 0.5; done
 scontrol update JobId="$job" StartTime=now
 state=$(slurm_wait_job "$job" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY' 150) ||
   fail "the requeued job $job did not finish"
