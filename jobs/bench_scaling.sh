@@ -29,7 +29,8 @@
 # without phase timers). The DDP model takes its sizes from vqa_train's log
 # (extra vqa_train flags such as --hidden reach it too); before the first DDP
 # run the script checks that both models have the same parameter count and
-# stops if they do not. The defaults take about 6 minutes on 2 quiet cores.
+# stops if they do not. The defaults take about 5 minutes on 2 quiet cores
+# (several times longer on a loaded machine, whose numbers are noise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
