@@ -2,6 +2,9 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -62,6 +65,20 @@ bool warn_if_reference_blas() {
                "update-alternatives --config libblas.so.3-x86_64-linux-gnu.\n",
                blas_description().c_str());
   return true;
+}
+
+bool keep_freed_memory_for_reuse() {
+#if defined(__GLIBC__)
+  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"}) {
+    if (std::getenv(name) != nullptr) return false;
+  }
+  constexpr int kMmapThreshold = 32 << 20;   // glibc's largest allowed value on 64-bit
+  constexpr int kTrimThreshold = 256 << 20;  // keep up to this much free at the heap's top
+  return mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 &&
+         mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
+#else
+  return false;
+#endif
 }
 
 }  // namespace vqa::runtime

@@ -56,51 +56,56 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
     buckets_.push_back(std::move(bucket));
   }
   stats_.buckets = static_cast<int64_t>(buckets_.size());
+  for (int64_t i = 0; i < static_cast<int64_t>(parameters_.size()); ++i) {
+    const Slot& slot = slots_[i];
+    const auto& tensor = parameters_[i].tensor;
+    slot_views_.push_back(
+        buckets_[slot.bucket].flat.narrow(0, slot.offset, tensor.numel()).view(tensor.sizes()));
+  }
+  touched_.assign(parameters_.size(), false);
 
   for (int64_t i = 0; i < static_cast<int64_t>(parameters_.size()); ++i) {
     parameters_[i].tensor.register_hook([this, i](torch::Tensor grad) { on_gradient(i, grad); });
   }
 }
 
-torch::Tensor GradientSynchronizer::slot_view(int64_t index) {
-  const Slot& slot = slots_[index];
-  const auto& tensor = parameters_[index].tensor;
-  return buckets_[slot.bucket].flat.narrow(0, slot.offset, tensor.numel()).view(tensor.sizes());
-}
-
 void GradientSynchronizer::prepare_backward(bool sync) {
-  syncing_ = sync && options_.enabled;
-  if (!syncing_) return;
-  next_to_launch_ = 0;
-  for (auto& bucket : buckets_) {
-    bucket.pending = static_cast<int64_t>(bucket.parameters.size());
-    std::fill(bucket.arrived.begin(), bucket.arrived.end(), false);
-    bucket.work.reset();
+  if (!step_open_) {  // first micro-step of an optimiser step
+    step_open_ = true;
+    std::fill(touched_.begin(), touched_.end(), false);
+    next_to_launch_ = 0;
+    for (auto& bucket : buckets_) {
+      bucket.pending = static_cast<int64_t>(bucket.parameters.size());
+      std::fill(bucket.arrived.begin(), bucket.arrived.end(), false);
+      bucket.work.reset();
+    }
   }
+  last_micro_ = sync;
+  for (auto& parameter : parameters_) parameter.tensor.mutable_grad() = torch::Tensor();
 }
 
 // Runs inside backward, once per parameter, with the gradient of this
-// micro-step, before autograd adds it to param.grad(). The slot receives the
-// whole accumulated gradient: what earlier micro-steps left in .grad plus this one.
+// micro-step, before autograd stores it in param.grad() (which
+// prepare_backward emptied, so autograd keeps the tensor without copying).
 void GradientSynchronizer::on_gradient(int64_t index, const torch::Tensor& grad) {
-  if (!syncing_) return;
+  if (!step_open_) return;  // a backward outside prepare_backward/finish_backward
   torch::NoGradGuard no_grad;
+  if (touched_[index]) {
+    slot_views_[index].add_(grad);
+  } else {
+    slot_views_[index].copy_(grad);
+    touched_[index] = true;
+  }
+  if (!last_micro_) return;
   const Slot& slot = slots_[index];
   Bucket& bucket = buckets_[slot.bucket];
-  const int64_t position = slot.position;
-  if (bucket.arrived[position]) return;  // autograd calls each hook once per backward
-  auto view = slot_view(index);
-  const auto& accumulated = parameters_[index].tensor.grad();
-  if (accumulated.defined()) {
-    torch::add_out(view, accumulated, grad);
-  } else {
-    view.copy_(grad);
-  }
-  bucket.arrived[position] = true;
+  if (bucket.arrived[slot.position]) return;  // autograd calls each hook once per backward
+  bucket.arrived[slot.position] = true;
   if (--bucket.pending == 0) launch_ready_buckets();
 }
 
 void GradientSynchronizer::launch_ready_buckets() {
+  if (!options_.enabled) return;
   while (next_to_launch_ < static_cast<int64_t>(buckets_.size()) &&
          buckets_[next_to_launch_].pending == 0) {
     Bucket& bucket = buckets_[next_to_launch_++];
@@ -115,23 +120,19 @@ void GradientSynchronizer::launch_ready_buckets() {
 }
 
 void GradientSynchronizer::finish_backward() {
-  if (!syncing_) return;
+  if (!last_micro_ || !step_open_) return;
   torch::NoGradGuard no_grad;
-  // Parameters that got no gradient this step contribute zeros, so every
-  // rank still launches every bucket and nobody waits forever.
+  // Parameters that got no gradient in this optimiser step contribute zeros,
+  // so every rank still launches every bucket and nobody waits forever.
   for (auto& bucket : buckets_) {
     if (bucket.pending == 0) continue;
     for (size_t k = 0; k < bucket.parameters.size(); ++k) {
       if (bucket.arrived[k]) continue;
       const int64_t index = bucket.parameters[k];
-      auto view = slot_view(index);
-      const auto& accumulated = parameters_[index].tensor.grad();
-      if (accumulated.defined()) {
-        view.copy_(accumulated);
-      } else {
-        view.zero_();
+      if (!touched_[index]) {
+        slot_views_[index].zero_();
+        if (!reported_unused_) unused_names_.push_back(parameters_[index].name);
       }
-      if (!reported_unused_) unused_names_.push_back(parameters_[index].name);
       bucket.arrived[k] = true;
     }
     bucket.pending = 0;
@@ -139,34 +140,45 @@ void GradientSynchronizer::finish_backward() {
   reported_unused_ = true;
   launch_ready_buckets();
 
-  const auto start = std::chrono::steady_clock::now();
-  for (auto& bucket : buckets_) bucket.work->wait();
-  stats_.exposed_wait_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  double busy = 0.0;
-  bool timed = true;
-  for (const auto& bucket : buckets_) {
-    if (bucket.work->ended_at() <= 0) timed = false;
-    busy += bucket.work->ended_at() - bucket.work->began_at();
-  }
-  if (timed) {
-    stats_.allreduce_seconds += busy;
-    ++stats_.timed_steps;
-  }
-
-  for (auto& bucket : buckets_) {
-    if (options_.bf16) bucket.flat.copy_(bucket.wire);
+  if (options_.enabled) {
+    const auto start = std::chrono::steady_clock::now();
+    for (auto& bucket : buckets_) bucket.work->wait();
+    stats_.exposed_wait_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double busy = 0.0;
+    bool timed = true;
+    for (const auto& bucket : buckets_) {
+      if (bucket.work->ended_at() <= 0) timed = false;
+      busy += bucket.work->ended_at() - bucket.work->began_at();
+    }
+    if (timed) {
+      stats_.allreduce_seconds += busy;
+      ++stats_.timed_steps;
+    }
+    for (auto& bucket : buckets_) {
+      if (options_.bf16) bucket.flat.copy_(bucket.wire);
+    }
+    ++stats_.synchronised_steps;
   }
   for (int64_t i = 0; i < static_cast<int64_t>(parameters_.size()); ++i) {
-    auto& grad = parameters_[i].tensor.mutable_grad();
-    if (grad.defined()) {
-      grad.copy_(slot_view(i));
-    } else {
-      grad = slot_view(i).clone();
-    }
+    parameters_[i].tensor.mutable_grad() = slot_views_[i];
   }
-  ++stats_.synchronised_steps;
-  syncing_ = false;
+  step_open_ = false;
+}
+
+bool GradientSynchronizer::gradients_finite() const {
+  torch::NoGradGuard no_grad;
+  if (buckets_.empty()) return true;
+  // A finite sum proves every value finite (an infinity or a NaN anywhere
+  // makes it non-finite). One float32 pass; only a sum that is not finite,
+  // which finite values can also reach by overflow, gets the exact check.
+  std::vector<torch::Tensor> sums;
+  for (const auto& bucket : buckets_) sums.push_back(bucket.flat.sum());
+  if (torch::isfinite(torch::stack(sums)).all().item<bool>()) return true;
+  for (const auto& bucket : buckets_) {
+    if (!torch::isfinite(bucket.flat).all().item<bool>()) return false;
+  }
+  return true;
 }
 
 std::vector<BucketTiming> GradientSynchronizer::last_step_timings() const {
@@ -174,8 +186,9 @@ std::vector<BucketTiming> GradientSynchronizer::last_step_timings() const {
   for (int64_t k = 0; k < static_cast<int64_t>(buckets_.size()); ++k) {
     const Bucket& bucket = buckets_[k];
     if (!bucket.work) continue;
-    timings.push_back({k, (options_.bf16 ? bucket.wire : bucket.flat).nbytes(), bucket.launched,
-                       bucket.work->began_at(), bucket.work->ended_at()});
+    timings.push_back({k,
+                       static_cast<int64_t>((options_.bf16 ? bucket.wire : bucket.flat).nbytes()),
+                       bucket.launched, bucket.work->began_at(), bucket.work->ended_at()});
   }
   return timings;
 }

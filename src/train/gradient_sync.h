@@ -1,13 +1,15 @@
 // Data-parallel gradient averaging that overlaps communication with backward.
 //
 // Parameters are grouped into buckets of about --bucket-mb in reverse
-// registration order (the order backward produces their gradients). An
-// autograd hook on each parameter copies its gradient into its bucket's flat
-// buffer; the moment a bucket's last gradient arrives its average-allreduce
-// is launched, while backward goes on. Buckets are launched in bucket order on
-// every rank, so all ranks issue the same collectives in the same sequence.
-// finish_backward() waits only for what is still in flight and writes the
-// averaged gradients back to param.grad().
+// registration order (the order backward produces their gradients). The
+// buckets' flat buffers hold the gradients: an autograd hook on each
+// parameter adds its gradient into its slot of the bucket (copying it on the
+// first micro-step of an optimiser step), and the moment a bucket's last
+// gradient of the last micro-step arrives its average-allreduce is launched,
+// while backward goes on. Buckets are launched in bucket order on every rank,
+// so all ranks issue the same collectives in the same sequence.
+// finish_backward() waits only for what is still in flight and points every
+// param.grad() at its slot: no copy back, no zeroing between steps.
 #pragma once
 
 #include <torch/torch.h>
@@ -62,14 +64,21 @@ class GradientSynchronizer {
 
   // Call before each backward. sync = true on the last micro-step of an
   // optimiser step (its gradients are averaged); false on accumulation
-  // micro-steps (no communication: gradients accumulate locally in .grad).
+  // micro-steps (no communication: gradients accumulate in the buckets).
+  // Drops every param.grad(), so that autograd hands its fresh gradient over
+  // without adding it anywhere: the buckets are where gradients accumulate.
   void prepare_backward(bool sync);
 
-  // After the backward of a sync micro-step: launches buckets whose
-  // parameters got no gradient (zeros; their names are reported once), waits
-  // for every bucket, and replaces each param.grad() with the average over
-  // ranks of the accumulated gradients. A no-op after a non-sync backward.
+  // After the backward of a sync micro-step: zeros the slots of parameters
+  // that got no gradient in this optimiser step (their names are reported
+  // once), launches the buckets still waiting, waits for every bucket, and
+  // points each param.grad() at its slot, which holds the average over ranks
+  // of the accumulated gradients. A no-op after a non-sync backward.
   void finish_backward();
+
+  // True when every gradient of the last finish_backward() is finite: one
+  // sum per bucket, read once (the exact check only when a sum is not finite).
+  bool gradients_finite() const;
 
   // Names of parameters that received no gradient on the first sync step.
   const std::vector<std::string>& unused_parameters() const { return unused_names_; }
@@ -97,14 +106,16 @@ class GradientSynchronizer {
 
   void on_gradient(int64_t index, const torch::Tensor& grad);
   void launch_ready_buckets();
-  torch::Tensor slot_view(int64_t index);
 
   std::vector<NamedTensor> parameters_;
   std::vector<Slot> slots_;
+  std::vector<torch::Tensor> slot_views_;  // per parameter: its slot, shaped like it
+  std::vector<bool> touched_;              // per parameter: slot written this optimiser step
   std::vector<Bucket> buckets_;
   runtime::Communicator& comm_;
   GradientSyncOptions options_;
-  bool syncing_ = false;
+  bool step_open_ = false;  // micro-steps of an optimiser step have begun
+  bool last_micro_ = false;
   int64_t next_to_launch_ = 0;
   bool reported_unused_ = false;
   std::vector<std::string> unused_names_;

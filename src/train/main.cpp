@@ -19,7 +19,7 @@
 #include "runtime/communicator.h"  // communicator_create
 #include "runtime/distributed.h"   // distributed_init, distributed_finalize
 #include "runtime/stop_request.h"  // stop_signals_install, StopAgreement, kExitStopRequested
-#include "runtime/system_info.h"   // warn_if_reference_blas, blas_description
+#include "runtime/system_info.h"   // keep_freed_memory_for_reuse, warn_if_reference_blas
 #include "runtime/watchdog.h"      // set_collective_timeout
 #include "train/checkpoint.h"      // checkpoint_save, checkpoint_load
 #include "train/config.h"          // TrainConfig, config_parse
@@ -89,6 +89,7 @@ bool run_already_complete(const train::TrainConfig& config, const runtime::RankI
 }  // namespace
 
 int main(int argc, char** argv) {
+  runtime::keep_freed_memory_for_reuse();  // before the first tensor: see system_info.h
   const runtime::RankInfo& rank = runtime::distributed_init(&argc, &argv);
   runtime::stop_signals_install();
   train::TrainConfig config;

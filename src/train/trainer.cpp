@@ -117,18 +117,6 @@ void clip_gradient_norm(const std::vector<torch::Tensor>& parameters, double max
   }
 }
 
-namespace {
-// One flag for every gradient, read once.
-bool all_gradients_finite(model::M3AE& model) {
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> flags;
-  for (const auto& parameter : model->parameters()) {
-    if (parameter.grad().defined()) flags.push_back(torch::isfinite(parameter.grad()).all());
-  }
-  return flags.empty() || torch::stack(flags).all().item<bool>();
-}
-}  // namespace
-
 int64_t optimizer_steps_per_epoch(const data::ShardedLoader& loader, const TrainConfig& config) {
   // Micro-steps that do not fill a whole optimiser step are left out, so every
   // optimiser step averages exactly --global-batch samples.
@@ -223,7 +211,7 @@ EpochStats train_epoch(model::M3AE& model, data::ShardedLoader& loader, VqaOptim
     timer.end_phase(Phase::kCommExposed);
     // The averaged gradients are the same on every rank, so every rank takes
     // the same decision. One host read per step (none with --nonfinite off).
-    if (config.nonfinite != "off" && !all_gradients_finite(model)) {
+    if (config.nonfinite != "off" && !gradients.gradients_finite()) {
       const std::string where =
           "epoch " + std::to_string(epoch) + " optimiser step " + std::to_string(state.global_step);
       const std::string first = first_nonfinite_parameter(model, /*check_values=*/false);
@@ -239,8 +227,7 @@ EpochStats train_epoch(model::M3AE& model, data::ShardedLoader& loader, VqaOptim
                     where.c_str(), first.c_str());
         std::fflush(stdout);
       }
-      optimizer.zero_grad();
-      ++stats.skipped_steps;
+      ++stats.skipped_steps;  // the next prepare_backward drops these gradients
       timer.end_phase(Phase::kOptimizer);
       timer.end_step();
       ++state.global_step;
@@ -251,7 +238,6 @@ EpochStats train_epoch(model::M3AE& model, data::ShardedLoader& loader, VqaOptim
     if (config.grad_clip > 0) clip_gradient_norm(model->parameters(), config.grad_clip);
     stats.learning_rate = optimizer.learning_rate(state.global_step);
     optimizer.step(state.global_step);
-    optimizer.zero_grad();
     timer.end_phase(Phase::kOptimizer);
     timer.end_step();
     if (timeline.active() && timeline.in_window(state.global_step)) {
