@@ -83,7 +83,8 @@ question_length=$("$build/vqa_prep" inspect "$work/synth.h5" --records 0 |
   sed -nE 's/^answers: .*; max question length ([0-9]+).*/\1/p')
 [[ -n $question_length ]] || die "could not read the question length from vqa_prep inspect"
 
-cores=$(nproc)
+# nproc follows OMP_NUM_THREADS (CTest sets it to 1); the cores are what counts here.
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 mpirun_flags=(--bind-to none)
 [[ $(id -u) -eq 0 ]] && mpirun_flags+=(--allow-run-as-root)
 
