@@ -117,6 +117,19 @@ void clip_gradient_norm(const std::vector<torch::Tensor>& parameters, double max
   }
 }
 
+namespace {
+// The loader's next(). A read error met mid-epoch (a damaged chunk, a file
+// gone from a shared file system) ends the job as a user error: the message
+// names the file and row, and every rank exits with status 2.
+bool next_batch(data::ShardedLoader& loader, data::Batch& batch) {
+  try {
+    return loader.next(batch);
+  } catch (const std::exception& e) {
+    runtime::fatal_user_error(e.what());
+  }
+}
+}  // namespace
+
 int64_t optimizer_steps_per_epoch(const data::ShardedLoader& loader, const TrainConfig& config) {
   // Micro-steps that do not fill a whole optimiser step are left out, so every
   // optimiser step averages exactly --global-batch samples.
@@ -182,7 +195,7 @@ EpochStats train_epoch(model::M3AE& model, data::ShardedLoader& loader, VqaOptim
     int64_t step_samples = 0;
     for (int64_t micro = 0; micro < config.accumulation_steps; ++micro) {
       if (data_delay.count() > 0) std::this_thread::sleep_for(data_delay);
-      if (!loader.next(host_batch)) {
+      if (!next_batch(loader, host_batch)) {
         runtime::fatal_user_error("the train loader ran out of batches at epoch " +
                                   std::to_string(epoch) + " step " + std::to_string(step));
       }
@@ -309,7 +322,7 @@ EvalStats evaluate(model::M3AE& model, data::ShardedLoader& loader, runtime::Com
   loader.start_epoch(epoch);
   auto counts = torch::zeros({kAnswerCounts + 1}, torch::TensorOptions().device(device));
   data::Batch host_batch;
-  while (loader.next(host_batch)) {
+  while (next_batch(loader, host_batch)) {
     const data::Batch batch = batch_to_device(host_batch, device);
     torch::Tensor logits;
     {

@@ -156,7 +156,7 @@ struct BadDataCase {
   BadDataCase(std::string name, std::function<void(const std::string&)> make,
               std::function<std::string()> message, bool copy = true, bool as_test_data = false,
               std::string flags = "", bool message_names_file = true,
-              std::vector<std::string> more = {}, bool through_fatal_user_error = true)
+              std::vector<std::string> more = {})
       : name(std::move(name)),
         make(std::move(make)),
         message(std::move(message)),
@@ -164,8 +164,7 @@ struct BadDataCase {
         as_test_data(as_test_data),
         flags(std::move(flags)),
         message_names_file(message_names_file),
-        more(std::move(more)),
-        through_fatal_user_error(through_fatal_user_error) {}
+        more(std::move(more)) {}
 
   std::string name;
   // Makes the bad input at `path` (a copy of the good file unless `copy` is false).
@@ -178,11 +177,6 @@ struct BadDataCase {
   std::string flags;          // vqa_train batch flags instead of the default ones
   bool message_names_file = true;
   std::vector<std::string> more;  // more parts of the message, when its middle varies (a row)
-  // false: the error reaches the job mid-epoch, from the loader's next();
-  // train_epoch does not catch it yet, so the job ends through
-  // std::terminate (SIGABRT, "terminate called after throwing ...") with the
-  // same message: asserted non-zero, not exit status 2.
-  bool through_fatal_user_error = true;
 };
 
 std::ostream& operator<<(std::ostream& out, const BadDataCase& c) { return out << c.name; }
@@ -400,8 +394,7 @@ std::vector<BadDataCase> split_cases() {
        "",
        true,
        {": cannot be read (a damaged chunk?): H5Dread: can't read data",
-        "H5Z__filter_fletcher32: data error detected by Fletcher32 checksum"},
-       /*through_fatal_user_error=*/false},
+        "H5Z__filter_fletcher32: data error detected by Fletcher32 checksum"}},
   };
 }
 
@@ -438,15 +431,9 @@ TEST_P(BadDataAcrossRanks, EveryRankEndsWithTheMessage) {
   EXPECT_LT(result.seconds, kDeadlineSeconds) << result.output;
   // mpirun returns once every rank has ended, with the status of the rank
   // that ended the job (runtime::fatal_user_error: 2, through MPI_Abort).
-  if (bad.through_fatal_user_error) {
-    EXPECT_EQ(result.exit_code, kUserErrorExit) << result.output;
-  } else {
-    EXPECT_NE(result.exit_code, 0) << result.output;
-  }
+  EXPECT_EQ(result.exit_code, kUserErrorExit) << result.output;
   const std::string expected = bad.message_names_file ? path + ": " + bad.message() : bad.message();
-  if (bad.through_fatal_user_error) {
-    EXPECT_NE(result.output.find("[vqa] error on rank "), std::string::npos) << result.output;
-  }
+  EXPECT_NE(result.output.find("[vqa] error on rank "), std::string::npos) << result.output;
   for (const std::string& part : bad.more) {
     EXPECT_NE(result.output.find(part), std::string::npos) << part << "\n" << result.output;
   }
