@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "data/dataset_reader.h"  // DatasetReader
+#include "data/hdf5_crash.h"      // Hdf5CrashScope, hdf5_crash_context
 #include "data/hdf5_util.h"       // Hdf5Id, hdf5_read_string_attribute
 
 namespace vqa::prep {
@@ -22,6 +23,7 @@ herr_t collect_group(hid_t group, const char* name, const H5L_info_t*, void* out
 
 // The file's split groups (every root group but /vocab), and its creator.
 std::vector<std::string> list_splits(const std::string& path, std::string& created_by) {
+  const data::Hdf5CrashScope crash_scope(path);
   data::hdf5_silence_errors();
   if (H5Fis_hdf5(path.c_str()) <= 0)
     throw data::DataFormatError(path + ": not an HDF5 file (or missing)");
@@ -31,6 +33,7 @@ std::vector<std::string> list_splits(const std::string& path, std::string& creat
   data::hdf5_try(
       H5Literate(file.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_group, &splits),
       "H5Literate(/)", path);
+  data::hdf5_crash_context(std::string("attribute '") + data::kAttrCreatedBy + "'");
   created_by = data::hdf5_read_string_attribute(file.get(), data::kAttrCreatedBy, path);
   if (splits.empty())
     throw data::DataFormatError(path + ": no split groups (expected /train and /test)");

@@ -11,11 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "convert.h"      // convert_run
-#include "data/format.h"  // DataFormatError
-#include "inspect.h"      // inspect_run
-#include "synth.h"        // synth_generate
-#include "writer.h"       // prep_write_dataset
+#include "convert.h"          // convert_run
+#include "data/format.h"      // DataFormatError
+#include "data/hdf5_crash.h"  // hdf5_crash_report_install
+#include "inspect.h"          // inspect_run
+#include "synth.h"            // synth_generate
+#include "writer.h"           // prep_write_dataset
 
 namespace po = boost::program_options;
 
@@ -160,6 +161,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> arguments(argv + 2, argv + argc);
   std::string command_line = "vqa_prep";
   for (int i = 1; i < argc; ++i) command_line += std::string(" ") + argv[i];
+  // A file that crashes HDF5 itself still gets a message naming it.
+  vqa::data::hdf5_crash_report_install("vqa_prep " + command + ": error: ", kExitFailure);
   try {
     if (command == "synth") return run_synth(arguments, command_line);
     if (command == "convert") return run_convert(arguments, command_line);

@@ -81,6 +81,7 @@ void DatasetReader::fail(const std::string& object, const std::string& problem) 
 DatasetReader::DatasetReader(const std::string& path, const std::string& split, hid_t file_access,
                              ReadProgress* progress)
     : path_(path), split_(split), progress_(progress) {
+  const Hdf5CrashScope crash_scope(path);
   hdf5_silence_errors();
   info_.path = path;
   info_.split = split;
@@ -360,6 +361,7 @@ void DatasetReader::check_rows(const std::vector<int64_t>& rows, int64_t limit,
 }
 
 QuestionRows DatasetReader::read_question_rows(const std::vector<int64_t>& rows) {
+  const Hdf5CrashScope crash_scope(path_);
   check_rows(rows, info_.num_questions, "read_question_rows");
   mark(std::to_string(rows.size()) + " rows of /" + split_ + "/questions and targets");
   const int64_t length = info_.max_question_length;
@@ -397,6 +399,7 @@ QuestionRows DatasetReader::read_question_rows(const std::vector<int64_t>& rows)
 }
 
 std::vector<uint8_t> DatasetReader::read_pixels(const std::vector<int64_t>& image_rows) {
+  const Hdf5CrashScope crash_scope(path_);
   if (info_.has_features) fail("read_pixels", "the file stores features, not pixels");
   check_rows(image_rows, info_.num_images, "read_pixels");
   mark(std::to_string(image_rows.size()) + " rows of /" + split_ + "/" + kImages);
@@ -406,6 +409,7 @@ std::vector<uint8_t> DatasetReader::read_pixels(const std::vector<int64_t>& imag
 }
 
 std::vector<float> DatasetReader::read_features(const std::vector<int64_t>& image_rows) {
+  const Hdf5CrashScope crash_scope(path_);
   if (!info_.has_features) fail("read_features", "the file stores pixels, not features");
   check_rows(image_rows, info_.num_images, "read_features");
   mark(std::to_string(image_rows.size()) + " rows of /" + split_ + "/" + kFeatures);
@@ -415,6 +419,7 @@ std::vector<float> DatasetReader::read_features(const std::vector<int64_t>& imag
 }
 
 std::vector<QuestionRecord> DatasetReader::read_records(int64_t first, int64_t count) {
+  const Hdf5CrashScope crash_scope(path_);
   count = std::max<int64_t>(0, std::min(count, info_.num_questions - first));
   std::vector<QuestionRecord> records(static_cast<size_t>(count));
   if (count == 0) return records;

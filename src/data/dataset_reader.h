@@ -13,6 +13,7 @@
 
 #include "data/dataset_info.h"  // DatasetInfo
 #include "data/format.h"        // DataFormatError, dataset names, limits
+#include "data/hdf5_crash.h"    // hdf5_crash_context
 #include "data/hdf5_util.h"     // Hdf5Id
 
 namespace vqa::data {
@@ -96,6 +97,7 @@ class DatasetReader {
                       const std::vector<int64_t>& expected_shape, std::vector<int64_t>* shape);
   void mark(const std::string& what) {
     if (progress_) progress_->mark(what);
+    hdf5_crash_context(what);
   }
   void check_rows(const std::vector<int64_t>& rows, int64_t limit, const char* what) const;
   [[noreturn]] void fail(const std::string& object, const std::string& problem) const;

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <memory>
 
+#include "data/hdf5_crash.h"       // hdf5_crash_report_install
 #include "data/loader.h"           // ShardedLoader
 #include "model/m3ae.h"            // M3AE, parameter_count
 #include "runtime/check.h"         // fatal_user_error
@@ -91,6 +92,9 @@ bool run_already_complete(const train::TrainConfig& config, const runtime::RankI
 int main(int argc, char** argv) {
   runtime::keep_freed_memory_for_reuse();  // before the first tensor: see system_info.h
   const runtime::RankInfo& rank = runtime::distributed_init(&argc, &argv);
+  // After MPI_Init, whose handlers still take every crash that is not inside HDF5.
+  data::hdf5_crash_report_install("[vqa] error on " + runtime::rank_label() + ": ",
+                                  /*exit_code=*/2);  // as runtime::fatal_user_error
   runtime::stop_signals_install();
   train::TrainConfig config;
   if (!train::config_parse(argc, argv, rank.rank, config)) {

@@ -205,6 +205,16 @@ std::vector<BadDataCase> file_cases() {
              "likely damaged");
        },
        false},
+      {"hdf5_crashes",  // found by fuzz_hdf5_bytes: HDF5 segfaults reading its global heap
+       [](const std::string& path) {
+         fs::copy_file(std::string(VQA_FUZZ_CRASHES) + "/hdf5_bytes/segv-in-global-heap-load.h5",
+                       path);
+       },
+       [] {
+         return std::string(
+             "attribute 'format': HDF5 crashed (SIGSEGV); the file is most likely damaged");
+       },
+       false},
       {"truncated", [](const std::string& path) { fs::resize_file(path, fs::file_size(path) / 2); },
        [] {
          return std::string(

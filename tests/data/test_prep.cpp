@@ -289,6 +289,20 @@ void damage_file(const std::string& path, const std::string& what) {
   }
 }
 
+// A file on which HDF5 1.10 itself segfaults (tests/fuzz/hdf5_crashes/):
+// the message names the file and what was being read, exit status 1.
+TEST(BadFile, InspectNamesAFileThatCrashesHdf5) {
+  const std::string file =
+      std::string(VQA_FUZZ_CRASHES) + "/hdf5_bytes/segv-in-global-heap-load.h5";
+  const auto result = run_process(kPrep + " inspect " + file, 60);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("vqa_prep inspect: error: " + file +
+                               ": attribute 'created_by': HDF5 crashed (SIGSEGV); the file is "
+                               "most likely damaged"),
+            std::string::npos)
+      << result.output;
+}
+
 TEST(BadFile, EveryRankReportsItAndExitsWithinSeconds) {
   const std::string dir = vqa::testing::make_temp_dir("badfile");
   ASSERT_EQ(
