@@ -10,10 +10,14 @@
 #                             node is idle
 #   slurm_cluster_stop        cancels every job, `scontrol shutdown`, ends the
 #                             daemons it started (by their pids) and munged
+#   slurm_test_begin TAG      for a test script: exits 77 (CTest: skipped)
+#                             unless root, sets `work` to a fresh temporary
+#                             folder, and installs the traps below
 #
-# A test calls slurm_cluster_stop from its EXIT trap and turns INT, TERM,
-# HUP and PIPE into an exit, so the cluster goes away however the test ends;
-# if the test is killed outright, the daemons get SIGTERM from the kernel
+# A test calls slurm_cluster_stop from its EXIT trap (slurm_test_begin's does,
+# and prints the daemons' logs when the test failed) and turns INT, TERM, HUP
+# and PIPE into an exit, so the cluster goes away however the test ends; if
+# the test is killed outright, the daemons get SIGTERM from the kernel
 # (parent-death signal).
 #
 # How it is configured, and why:
@@ -37,6 +41,26 @@ slurm_cluster_pids=()
 slurm_cluster_dir=""
 
 slurm_cluster_log() { echo "[slurm-cluster $(date +%H:%M:%S)] $*"; }
+
+# The test Slurm runs as root (slurmd runs jobs as the submitting user, and
+# SlurmUser is root here).
+slurm_test_begin() {
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "SKIP: the test Slurm runs as root; run this test as root"
+    exit 77
+  fi
+  work=$(mktemp -d "${TMPDIR:-/tmp}/vqa-slurm-$1-XXXXXX")
+  trap slurm_test_end EXIT
+  trap 'exit 130' INT TERM HUP PIPE
+}
+
+slurm_test_end() {
+  local status=$?
+  ((status == 0)) || slurm_cluster_dump_logs
+  slurm_cluster_stop
+  rm -rf "$work"
+  exit "$status"
+}
 
 # slurm_free_port START: the first port from START on that nothing listens on.
 slurm_free_port() {

@@ -15,23 +15,10 @@
 set -euo pipefail
 build=$(cd "$1" && pwd)
 source_dir=$(cd "$2" && pwd)
-if [[ $(id -u) -ne 0 ]]; then
-  echo "SKIP: the test Slurm runs as root; run this test as root"
-  exit 77
-fi
 # shellcheck source=tests/slurm/slurm_cluster.sh
 source "$source_dir/tests/slurm/slurm_cluster.sh"
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/vqa-slurm-submit-XXXXXX")
-cleanup() {
-  local status=$?
-  ((status == 0)) || slurm_cluster_dump_logs
-  slurm_cluster_stop
-  rm -rf "$work"
-  exit "$status"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM HUP PIPE
+slurm_test_begin submit
 fail() {
   echo "FAIL: $*" >&2
   exit 1

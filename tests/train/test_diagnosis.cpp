@@ -21,24 +21,21 @@ class Diagnosis : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     directory_ = vqa::testing::make_temp_dir("diagnosis");
-    for (const auto& [name, size] : {std::pair{"synth32", 32}, std::pair{"synth96", 96}}) {
-      const auto result = vqa::testing::run_process(
-          std::string(VQA_PREP) + " synth -o " + directory_ + "/" + name +
-              ".h5 --train-questions 256 --test-questions 32 --seed 5 --image-size " +
-              std::to_string(size),
-          120);
-      ASSERT_EQ(result.exit_code, 0) << result.output;
-    }
+    const auto result = vqa::testing::run_process(
+        std::string(VQA_PREP) + " synth -o " + directory_ +
+            "/synth32.h5 --train-questions 256 --test-questions 32 --seed 5 --image-size 32",
+        120);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
   }
   static void TearDownTestSuite() { fs::remove_all(directory_); }
 
-  // Runs vqa_train on 2 ranks; returns the run directory.
+  // Runs vqa_train on `ranks` ranks; returns the run directory.
   static std::string train(const std::string& name, const std::string& dataset,
-                           const std::string& flags) {
+                           const std::string& flags, int ranks = 2) {
     const std::string out = directory_ + "/" + name;
     const auto result = vqa::testing::run_process(
-        vqa::testing::mpirun_prefix(2) + VQA_TRAIN + " --train-data " + directory_ + "/" + dataset +
-            ".h5 --out " + out +
+        vqa::testing::mpirun_prefix(ranks) + VQA_TRAIN + " --train-data " + directory_ + "/" +
+            dataset + ".h5 --out " + out +
             " --threads 1 --progress off --eval-every 0 --save-every 0 --epochs 1 " + flags,
         300);
     EXPECT_EQ(result.exit_code, 0) << result.output;
@@ -143,11 +140,15 @@ TEST_F(Diagnosis, InjectedDataDelayIsDiagnosedAsDataBound) {
 }
 
 TEST_F(Diagnosis, SmallPresetWithOneSamplePerRankAndOneBigBucketIsCommunicationBound) {
-  // 24 M parameters (97 MB of gradients) in one bucket launched at the end of
-  // backward, for one sample of work per rank.
-  const auto out = train("commbound", "synth96",
-                         "--preset small --batch-per-rank 1 --global-batch 2 "
-                         "--max-steps-per-epoch 4 --bucket-mb 1000");
+  // 11.3 M parameters (45 MB of gradients) in one bucket launched at the end
+  // of backward, for one 32x32 image (5 image tokens) of work per rank, on 3
+  // ranks: measured 46-47% of the step exposed. At 2 ranks the share was
+  // 17-28% on a 2-core machine, too near the 20% threshold for a test; the
+  // optimiser and backward's per-parameter work do not shrink with the batch.
+  const auto out = train("commbound", "synth32",
+                         "--preset small --batch-per-rank 1 --global-batch 3 "
+                         "--max-steps-per-epoch 4 --bucket-mb 1000",
+                         /*ranks=*/3);
   const json comm = find_rule(last_record(out), "communication-bound");
   ASSERT_FALSE(comm.is_null()) << output_;
   EXPECT_GT(comm["numbers"]["share"].get<double>(), 0.20);
