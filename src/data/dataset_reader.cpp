@@ -295,21 +295,8 @@ void DatasetReader::validate_rows() {
     const int64_t count = std::min(kValidationBlockRows, n - first);
     mark("rows " + std::to_string(first) + ".." + std::to_string(first + count - 1) + " of " +
          prefix + "questions and targets");
-    const std::vector<int64_t> rows = row_range(first, count);
-    const auto tokens = hdf5_read_rows<int32_t>(token_ids_.get(), H5T_NATIVE_INT32, rows, length,
-                                                prefix + kTokenIds, path_);
-    const auto mask = hdf5_read_rows<uint8_t>(attention_mask_.get(), H5T_NATIVE_UINT8, rows, length,
-                                              prefix + kAttentionMask, path_);
-    const auto image_rows = hdf5_read_rows<int32_t>(image_row_.get(), H5T_NATIVE_INT32, rows, 1,
-                                                    prefix + kImageRow, path_);
-    const auto answer_types = hdf5_read_rows<uint8_t>(answer_type_.get(), H5T_NATIVE_UINT8, rows, 1,
-                                                      prefix + kAnswerType, path_);
-    const auto question_types = hdf5_read_rows<int32_t>(question_type_.get(), H5T_NATIVE_INT32,
-                                                        rows, 1, prefix + kQuestionType, path_);
-    const auto labels = hdf5_read_rows<int32_t>(target_labels_.get(), H5T_NATIVE_INT32, rows,
-                                                max_targets_, prefix + kTargetLabels, path_);
-    const auto scores = hdf5_read_rows<float>(target_scores_.get(), H5T_NATIVE_FLOAT, rows,
-                                              max_targets_, prefix + kTargetScores, path_);
+    const StoredColumns columns = read_stored_columns(row_range(first, count));
+    const auto& [tokens, mask, image_rows, answer_types, question_types, labels, scores] = columns;
     for (int64_t i = 0; i < count; ++i) {
       const int64_t row = first + i;
       for (int64_t t = 0; t < length; ++t) {
@@ -348,6 +335,27 @@ void DatasetReader::validate_rows() {
       }
     }
   }
+}
+
+DatasetReader::StoredColumns DatasetReader::read_stored_columns(const std::vector<int64_t>& rows) {
+  const std::string prefix = "/" + split_ + "/";
+  const int64_t length = info_.max_question_length;
+  StoredColumns c;
+  c.tokens = hdf5_read_rows<int32_t>(token_ids_.get(), H5T_NATIVE_INT32, rows, length,
+                                     prefix + kTokenIds, path_);
+  c.mask = hdf5_read_rows<uint8_t>(attention_mask_.get(), H5T_NATIVE_UINT8, rows, length,
+                                   prefix + kAttentionMask, path_);
+  c.image_rows = hdf5_read_rows<int32_t>(image_row_.get(), H5T_NATIVE_INT32, rows, 1,
+                                         prefix + kImageRow, path_);
+  c.answer_types = hdf5_read_rows<uint8_t>(answer_type_.get(), H5T_NATIVE_UINT8, rows, 1,
+                                           prefix + kAnswerType, path_);
+  c.question_types = hdf5_read_rows<int32_t>(question_type_.get(), H5T_NATIVE_INT32, rows, 1,
+                                             prefix + kQuestionType, path_);
+  c.labels = hdf5_read_rows<int32_t>(target_labels_.get(), H5T_NATIVE_INT32, rows, max_targets_,
+                                     prefix + kTargetLabels, path_);
+  c.scores = hdf5_read_rows<float>(target_scores_.get(), H5T_NATIVE_FLOAT, rows, max_targets_,
+                                   prefix + kTargetScores, path_);
+  return c;
 }
 
 void DatasetReader::check_rows(const std::vector<int64_t>& rows, int64_t limit,
@@ -426,22 +434,10 @@ std::vector<QuestionRecord> DatasetReader::read_records(int64_t first, int64_t c
   const std::string prefix = "/" + split_ + "/";
   const std::vector<int64_t> rows = row_range(first, count);
   const int64_t length = info_.max_question_length;
-  const auto tokens = hdf5_read_rows<int32_t>(token_ids_.get(), H5T_NATIVE_INT32, rows, length,
-                                              prefix + kTokenIds, path_);
-  const auto mask = hdf5_read_rows<uint8_t>(attention_mask_.get(), H5T_NATIVE_UINT8, rows, length,
-                                            prefix + kAttentionMask, path_);
-  const auto image_rows = hdf5_read_rows<int32_t>(image_row_.get(), H5T_NATIVE_INT32, rows, 1,
-                                                  prefix + kImageRow, path_);
-  const auto answer_types = hdf5_read_rows<uint8_t>(answer_type_.get(), H5T_NATIVE_UINT8, rows, 1,
-                                                    prefix + kAnswerType, path_);
+  const StoredColumns columns = read_stored_columns(rows);
+  const auto& [tokens, mask, image_rows, answer_types, question_types, labels, scores] = columns;
   const auto question_ids = hdf5_read_rows<int64_t>(question_id_.get(), H5T_NATIVE_INT64, rows, 1,
                                                     prefix + kQuestionId, path_);
-  const auto question_types = hdf5_read_rows<int32_t>(question_type_.get(), H5T_NATIVE_INT32, rows,
-                                                      1, prefix + kQuestionType, path_);
-  const auto labels = hdf5_read_rows<int32_t>(target_labels_.get(), H5T_NATIVE_INT32, rows,
-                                              max_targets_, prefix + kTargetLabels, path_);
-  const auto scores = hdf5_read_rows<float>(target_scores_.get(), H5T_NATIVE_FLOAT, rows,
-                                            max_targets_, prefix + kTargetScores, path_);
   const auto questions =
       hdf5_read_strings(question_text_.get(), first, count, prefix + kQuestionText, path_);
   const auto answers =

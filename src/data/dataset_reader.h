@@ -99,6 +99,17 @@ class DatasetReader {
     if (progress_) progress_->mark(what);
     hdf5_crash_context(what);
   }
+  // The question and target columns as stored (validation and records).
+  struct StoredColumns {
+    std::vector<int32_t> tokens;  // [n, L]
+    std::vector<uint8_t> mask;    // [n, L]
+    std::vector<int32_t> image_rows;
+    std::vector<uint8_t> answer_types;
+    std::vector<int32_t> question_types;
+    std::vector<int32_t> labels;  // [n, M]
+    std::vector<float> scores;    // [n, M]
+  };
+  StoredColumns read_stored_columns(const std::vector<int64_t>& rows);
   void check_rows(const std::vector<int64_t>& rows, int64_t limit, const char* what) const;
   [[noreturn]] void fail(const std::string& object, const std::string& problem) const;
 

@@ -24,14 +24,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-double value_after(const std::string& text, const std::string& key) {
-  const size_t at = text.find(key + "=");
-  return at == std::string::npos ? -1.0 : std::atof(text.c_str() + at + key.size() + 1);
-}
+using vqa::testing::contains;
+using vqa::testing::value_after;
 
 class Partition : public ::testing::Test {
  protected:

@@ -15,9 +15,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using vqa::testing::contains;
 
 // Bad input ends the job on every rank within this many seconds (mpirun's
 // start-up on a loaded 2-core machine is most of it).

@@ -11,14 +11,12 @@
 
 namespace {
 
+using vqa::testing::contains;
+
 const char* probe() { return VQA_FAILURE_PROBE; }
 
 // Exit status of a job the watchdog ends (runtime/watchdog.h).
 constexpr int kExitCollectiveTimeout = 124;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();

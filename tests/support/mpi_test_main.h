@@ -23,4 +23,10 @@ std::string mpirun_prefix(int ranks);
 // A fresh empty directory under the system's temporary folder.
 std::string make_temp_dir(const std::string& tag);
 
+// Whether `text` holds `part` (for process output).
+bool contains(const std::string& text, const std::string& part);
+
+// The number after the first `key=` in `text` ("took=3.2 s" -> 3.2), or -1.
+double value_after(const std::string& text, const std::string& key);
+
 }  // namespace vqa::testing

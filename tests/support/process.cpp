@@ -72,4 +72,13 @@ std::string make_temp_dir(const std::string& tag) {
   return pattern;
 }
 
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+double value_after(const std::string& text, const std::string& key) {
+  const size_t at = text.find(key + "=");
+  return at == std::string::npos ? -1.0 : std::atof(text.c_str() + at + key.size() + 1);
+}
+
 }  // namespace vqa::testing

@@ -26,9 +26,7 @@ using vqa::testing::run_process;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using vqa::testing::contains;
 
 // The first line of `text` containing `part` (for the test's own report).
 std::string line_with(const std::string& text, const std::string& part) {

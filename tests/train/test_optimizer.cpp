@@ -12,6 +12,15 @@
 
 namespace {
 
+// The tiny preset with a small vocabulary and 5 answers, seeded.
+vqa::model::M3AE tiny_model() {
+  auto config = vqa::model::model_config_preset("tiny");
+  config.vocab_size = 30;
+  config.num_answers = 5;
+  torch::manual_seed(0);
+  return vqa::model::M3AE(config);
+}
+
 TEST(Schedule, LinearWarmupThenLinearDecayToZero) {
   // 100 steps, 10 of warm-up: 0 at step 0, 0.5 at 5, 1 at 10, 0.5 at 55, 0 at 100.
   EXPECT_DOUBLE_EQ(vqa::train::linear_schedule_factor(0, 10, 100), 0.0);
@@ -25,11 +34,7 @@ TEST(Schedule, LinearWarmupThenLinearDecayToZero) {
 }
 
 TEST(Optimizer, GroupsGetTheirMultipliersAndDecay) {
-  auto config = vqa::model::model_config_preset("tiny");
-  config.vocab_size = 30;
-  config.num_answers = 5;
-  torch::manual_seed(0);
-  vqa::model::M3AE model(config);
+  vqa::model::M3AE model = tiny_model();
   vqa::train::OptimizerSettings settings;
   settings.lr = 1e-3;
   settings.total_steps = 100;
@@ -63,12 +68,8 @@ TEST(Optimizer, GroupsGetTheirMultipliersAndDecay) {
 // Tolerance: 2e-6 relative to the largest value of each tensor, as the two
 // round differently (one fused expression against eight float32 operations).
 TEST(Optimizer, FusedCpuStepMatchesLibTorchAdamW) {
-  auto config = vqa::model::model_config_preset("tiny");
-  config.vocab_size = 30;
-  config.num_answers = 5;
-  torch::manual_seed(0);
-  vqa::model::M3AE fused_model(config);
-  vqa::model::M3AE torch_model(config);
+  vqa::model::M3AE fused_model = tiny_model();
+  vqa::model::M3AE torch_model = tiny_model();  // the same seed; copied below all the same
   {
     torch::NoGradGuard no_grad;
     auto source = fused_model->parameters();
