@@ -1,8 +1,13 @@
 #include "inspect.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "data/dataset_reader.h"  // DatasetReader
 #include "data/hdf5_crash.h"      // Hdf5CrashScope, hdf5_crash_context
@@ -21,8 +26,64 @@ herr_t collect_group(hid_t group, const char* name, const H5L_info_t*, void* out
   return 0;
 }
 
+// As the training job's loader (LoaderOptions::stall_seconds).
+constexpr double kStallSeconds = 15.0;
+
+// Ends vqa_prep with exit status 1 and a message naming the file and what was
+// being read when HDF5 has not returned for kStallSeconds: a damaged file can
+// make HDF5 1.10 loop forever (tests/fuzz/hangs/). `progress` moves with
+// every read; the watch lives as long as the inspection.
+class StallWatch {
+ public:
+  StallWatch(std::string path, const data::ReadProgress& progress)
+      : path_(std::move(path)), progress_(progress), thread_([this] { watch(); }) {}
+  ~StallWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  StallWatch(const StallWatch&) = delete;
+  StallWatch& operator=(const StallWatch&) = delete;
+
+ private:
+  void watch() {
+    using Clock = std::chrono::steady_clock;
+    int64_t last_count = -1;
+    auto last_change = Clock::now();
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!wake_.wait_for(lock, std::chrono::milliseconds(100), [this] { return done_; })) {
+      const auto [count, what] = progress_.snapshot();
+      if (count != last_count) {
+        last_count = count;
+        last_change = Clock::now();
+      } else if (std::chrono::duration<double>(Clock::now() - last_change).count() >
+                 kStallSeconds) {
+        std::fflush(stdout);
+        std::fprintf(stderr,
+                     "vqa_prep inspect: error: %s: %s: HDF5 has not returned for %g s; the file "
+                     "is most likely damaged (HDF5 can loop forever on a corrupt heap or "
+                     "index): write it again with vqa_prep\n",
+                     path_.c_str(), what.c_str(), kStallSeconds);
+        std::fflush(stderr);
+        std::_Exit(1);  // the HDF5 call never returns, so nothing can be unwound
+      }
+    }
+  }
+
+  std::string path_;
+  const data::ReadProgress& progress_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 // The file's split groups (every root group but /vocab), and its creator.
-std::vector<std::string> list_splits(const std::string& path, std::string& created_by) {
+std::vector<std::string> list_splits(const std::string& path, std::string& created_by,
+                                     data::ReadProgress& progress) {
   const data::Hdf5CrashScope crash_scope(path);
   data::hdf5_silence_errors();
   if (H5Fis_hdf5(path.c_str()) <= 0)
@@ -33,7 +94,9 @@ std::vector<std::string> list_splits(const std::string& path, std::string& creat
   data::hdf5_try(
       H5Literate(file.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_group, &splits),
       "H5Literate(/)", path);
-  data::hdf5_crash_context(std::string("attribute '") + data::kAttrCreatedBy + "'");
+  const std::string what = std::string("attribute '") + data::kAttrCreatedBy + "'";
+  progress.mark(what);
+  data::hdf5_crash_context(what);
   created_by = data::hdf5_read_string_attribute(file.get(), data::kAttrCreatedBy, path);
   if (splits.empty())
     throw data::DataFormatError(path + ": no split groups (expected /train and /test)");
@@ -50,11 +113,13 @@ std::string decode_tokens(const std::vector<int32_t>& ids,
 }  // namespace
 
 void inspect_run(const std::string& path, int64_t records) {
+  data::ReadProgress progress;
+  const StallWatch stall_watch(path, progress);
   std::string created_by;
-  const std::vector<std::string> splits = list_splits(path, created_by);
+  const std::vector<std::string> splits = list_splits(path, created_by, progress);
   bool header_printed = false;
   for (const std::string& split : splits) {
-    data::DatasetReader reader(path, split);  // default (POSIX) driver
+    data::DatasetReader reader(path, split, H5P_DEFAULT, &progress);  // default (POSIX) driver
     const data::DatasetInfo& info = reader.info();
     if (!header_printed) {
       header_printed = true;

@@ -303,6 +303,23 @@ TEST(BadFile, InspectNamesAFileThatCrashesHdf5) {
       << result.output;
 }
 
+// A file on which HDF5 1.10 loops forever (tests/fuzz/hangs/): inspect gives
+// up after 15 s without progress, naming the file, with exit status 1.
+TEST(BadFile, InspectGivesUpOnAFileOnWhichHdf5NeverReturns) {
+  const std::string file =
+      std::string(VQA_FUZZ_HANGS) + "/hdf5_bytes/hdf5-loops-on-corrupt-global-heap.h5";
+  const auto result = run_process(kPrep + " inspect " + file, 60);
+  EXPECT_FALSE(result.timed_out) << result.output;
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_LT(result.seconds, 30.0) << result.output;  // 15 s of no progress, then the message
+  EXPECT_NE(result.output.find("vqa_prep inspect: error: " + file + ": attribute '"),
+            std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find(": HDF5 has not returned for 15 s; the file is most likely damaged"),
+            std::string::npos)
+      << result.output;
+}
+
 TEST(BadFile, EveryRankReportsItAndExitsWithinSeconds) {
   const std::string dir = vqa::testing::make_temp_dir("badfile");
   ASSERT_EQ(
