@@ -50,8 +50,10 @@ const char* signal_name(int signal) {
   }
 }
 
-void on_fatal_signal(int signal, siginfo_t* /*info*/, void* /*context*/) {
-  if (g_depth.load() > 0 && pthread_equal(pthread_self(), g_thread) && g_message[0] != '\0') {
+void on_fatal_signal(int signal, siginfo_t* info, void* /*context*/) {
+  const bool sent = info != nullptr && info->si_code <= 0;  // kill(), raise(): not a fault
+  if (!sent && g_depth.load() > 0 && pthread_equal(pthread_self(), g_thread) &&
+      g_message[0] != '\0') {
     write_all(g_message);
     write_all(signal_name(signal));
     write_all(
@@ -60,10 +62,12 @@ void on_fatal_signal(int signal, siginfo_t* /*info*/, void* /*context*/) {
     _exit(g_exit_code);
   }
   // Not a read of a dataset file: the handler from before takes the signal
-  // when the faulting instruction runs again (or when a raised one is unblocked).
+  // when the faulting instruction runs again on return.
   for (size_t i = 0; i < std::size(kSignals); ++i) {
     if (kSignals[i] == signal) sigaction(signal, &g_previous[i], nullptr);
   }
+  // A signal sent by kill() or raise() does not come again by itself.
+  if (sent) raise(signal);
 }
 
 // The handler prints nothing while g_message[0] is 0, so the first byte is
