@@ -30,3 +30,22 @@ function(vqa_add_test)
   set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}"
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endfunction()
+
+# vqa_add_job_test_executable(<target> <source> [LIBRARIES ...] [DEFINITIONS ...] [DEPENDS ...])
+# A GoogleTest program that runs the job's binaries as processes (usually
+# through mpirun): it links the process helpers (tests/support/process.h)
+# and knows VQA_PREP, VQA_TRAIN and VQA_SOURCE_DIR as string macros, plus any
+# DEFINITIONS; it is built after vqa_prep, vqa_train and any DEPENDS.
+# Register it with vqa_add_test.
+function(vqa_add_job_test_executable target source)
+  cmake_parse_arguments(T "" "" "LIBRARIES;DEFINITIONS;DEPENDS" ${ARGN})
+  add_executable(${target} ${source})
+  target_link_libraries(${target} PRIVATE vqa_test_process GTest::gtest_main ${T_LIBRARIES}
+                        vqa_warnings)
+  target_compile_definitions(${target} PRIVATE
+    VQA_PREP="$<TARGET_FILE:vqa_prep>"
+    VQA_TRAIN="$<TARGET_FILE:vqa_train>"
+    VQA_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+    ${T_DEFINITIONS})
+  add_dependencies(${target} vqa_prep vqa_train ${T_DEPENDS})
+endfunction()

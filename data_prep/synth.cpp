@@ -5,8 +5,9 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "data/format.h"  // kAnswerTypeClosed, kAnswerTypeOpen
-#include "text.h"         // WordTokenizer
+#include "data/format.h"      // kAnswerTypeClosed, kAnswerTypeOpen
+#include "text.h"             // WordTokenizer
+#include "util/splitmix64.h"  // SplitMix64
 
 namespace vqa::prep {
 
@@ -22,20 +23,14 @@ constexpr int kMinShapes = 2, kMaxShapes = 4;
 const std::vector<std::string> kAnswerLabels = {
     "yes", "no", "red", "green", "blue", "circle", "square", "triangle", "2", "3", "4"};
 
-// SplitMix64: fixed by its definition, so a seed gives the same data everywhere.
+// Synth's draws are small ints; SplitMix64 makes a seed give the same data everywhere.
 class Random {
  public:
-  explicit Random(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  int below(int bound) { return static_cast<int>(next() % static_cast<uint64_t>(bound)); }
+  explicit Random(uint64_t seed) : generator_(seed) {}
+  int below(int bound) { return static_cast<int>(generator_.below(static_cast<uint64_t>(bound))); }
 
  private:
-  uint64_t state_;
+  util::SplitMix64 generator_;
 };
 
 struct Shape {

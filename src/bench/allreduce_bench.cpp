@@ -5,20 +5,18 @@
 //
 //   mpirun -np 2 build/vqa_allreduce_bench -b 4 -e 256M -f 4
 #include <torch/torch.h>
-#include <boost/program_options.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <iostream>
 #include <string>
 #include <vector>
 
 #include "runtime/check.h"         // fatal_user_error
 #include "runtime/communicator.h"  // Communicator, communicator_create
-#include "runtime/distributed.h"   // distributed_init, distributed_raw_allreduce_sum
+#include "runtime/distributed.h"   // DistributedSession, distributed_raw_allreduce_sum
+#include "util/clock.h"            // SteadyClock, seconds_since
+#include "util/options.h"          // OptionTable
 
-namespace po = boost::program_options;
 using vqa::runtime::Communicator;
 using vqa::runtime::ReduceOp;
 
@@ -80,18 +78,12 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 // Mean seconds per allreduce over `iters`: the blocking call, or launch + wait
 // of the asynchronous one (which hands the work to the progress thread).
 double time_ours(Communicator& comm, const torch::Tensor& buffer, ReduceOp op, int iters,
                  bool async) {
   comm.barrier();
-  const auto start = Clock::now();
+  const auto start = vqa::util::SteadyClock::now();
   for (int i = 0; i < iters; ++i) {
     if (async) {
       comm.allreduce_async(buffer, op)->wait();
@@ -100,62 +92,52 @@ double time_ours(Communicator& comm, const torch::Tensor& buffer, ReduceOp op, i
     }
   }
   comm.barrier();
-  return seconds_since(start) / iters;
+  return vqa::util::seconds_since(start) / iters;
 }
 
 double time_raw_mpi(Communicator& comm, const torch::Tensor& buffer, int iters) {
   comm.barrier();
-  const auto start = Clock::now();
+  const auto start = vqa::util::SteadyClock::now();
   for (int i = 0; i < iters; ++i) {
     vqa::runtime::distributed_raw_allreduce_sum(buffer.data_ptr<float>(), buffer.numel());
   }
   comm.barrier();
-  return seconds_since(start) / iters;
+  return vqa::util::seconds_since(start) / iters;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const auto& info = vqa::runtime::distributed_init(&argc, &argv);
+  vqa::runtime::DistributedSession session(&argc, &argv);  // MPI ends after everything below
+  const auto& info = session.rank_info();
   BenchConfig config;
-  po::options_description options("vqa_allreduce_bench options");
-  options.add_options()("help,h", "print this help and exit")(
-      "minbytes,b", po::value(&config.min_bytes)->default_value(config.min_bytes),
-      "smallest message, bytes per rank (suffixes K, M, G)")(
-      "maxbytes,e", po::value(&config.max_bytes)->default_value(config.max_bytes),
-      "largest message, bytes per rank (suffixes K, M, G)")(
-      "stepfactor,f", po::value(&config.step_factor)->default_value(config.step_factor),
-      "multiply the size by this factor from one row to the next (>= 2)")(
-      "warmup_iters,w", po::value(&config.warmup_iters)->default_value(config.warmup_iters),
-      "untimed allreduces before each size")("iters,n",
-                                             po::value(&config.iters)->default_value(config.iters),
-                                             "timed allreduces per round")(
-      "rounds,r", po::value(&config.rounds)->default_value(config.rounds),
-      "rounds per size; the table shows the median round (ours and raw MPI alternate)")(
-      "datatype,d", po::value(&config.dtype)->default_value(config.dtype),
-      "element type: float (float32) or bf16 (bfloat16)")(
-      "op,o", po::value(&config.op)->default_value(config.op),
-      "reduction: sum or avg (sum, then divide by the number of ranks)")(
-      "backend", po::value(&config.backend)->default_value(config.backend),
-      "communicator: auto (from --device), mpi or nccl")(
-      "device", po::value(&config.device)->default_value(config.device),
-      "where the buffer lives: cpu or cuda (GPU local_rank)")(
-      "check,c", po::value(&config.check)->default_value(config.check),
-      "verify every size's result (1) or not (0); wrong elements make the exit status 1")(
-      "raw", po::value(&config.compare_raw)->default_value(config.compare_raw),
-      "also time raw MPI_Allreduce on the same buffer (MPI backend, float, sum only)");
-  po::variables_map vm;
+  vqa::util::OptionTable options("vqa_allreduce_bench options");
+  options
+      .add("minbytes,b", &config.min_bytes, "smallest message, bytes per rank (suffixes K, M, G)")
+      .add("maxbytes,e", &config.max_bytes, "largest message, bytes per rank (suffixes K, M, G)")
+      .add("stepfactor,f", &config.step_factor,
+           "multiply the size by this factor from one row to the next (>= 2)")
+      .add("warmup_iters,w", &config.warmup_iters, "untimed allreduces before each size")
+      .add("iters,n", &config.iters, "timed allreduces per round")
+      .add("rounds,r", &config.rounds,
+           "rounds per size; the table shows the median round (ours and raw MPI alternate)")
+      .add("datatype,d", &config.dtype, "element type: float (float32) or bf16 (bfloat16)")
+      .add("op,o", &config.op, "reduction: sum or avg (sum, then divide by the number of ranks)")
+      .add("backend", &config.backend, "communicator: auto (from --device), mpi or nccl")
+      .add("device", &config.device, "where the buffer lives: cpu or cuda (GPU local_rank)")
+      .add("check,c", &config.check,
+           "verify every size's result (true) or not (false); wrong elements make the exit "
+           "status 1")
+      .add("raw", &config.compare_raw,
+           "also time raw MPI_Allreduce on the same buffer (MPI backend, float, sum only)");
   try {
-    po::store(po::parse_command_line(argc, argv, options), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
+    if (!options.parse(argc, argv)) {
+      if (info.rank == 0) options.print_help(stdout, "usage: vqa_allreduce_bench [options]");
+      return 0;
+    }
+  } catch (const vqa::util::OptionError& e) {
     vqa::runtime::fatal_user_error(std::string("vqa_allreduce_bench: ") + e.what() +
                                    " (see --help)");
-  }
-  if (vm.count("help")) {
-    if (info.rank == 0) std::cout << options << std::endl;
-    vqa::runtime::distributed_finalize();
-    return 0;
   }
 
   int64_t min_bytes = 0, max_bytes = 0;
@@ -219,8 +201,7 @@ int main(int argc, char** argv) {
     comm->barrier();
     int64_t wrong = 0;
     if (config.check) {
-      wrong =
-          static_cast<int64_t>(comm->sum_scalar(static_cast<double>(count_wrong(buffer, n, op))));
+      wrong = static_cast<int64_t>(comm->sum(static_cast<double>(count_wrong(buffer, n, op))));
     }
     total_wrong += wrong;
 
@@ -231,12 +212,12 @@ int main(int argc, char** argv) {
     std::vector<double> ours, ours_async, baseline;
     for (int round = 0; round < config.rounds; ++round) {
       buffer.fill_(1.0 / 1024);
-      ours.push_back(comm->sum_scalar(time_ours(*comm, buffer, op, config.iters, false)) / n);
+      ours.push_back(comm->sum(time_ours(*comm, buffer, op, config.iters, false)) / n);
       buffer.fill_(1.0 / 1024);
-      ours_async.push_back(comm->sum_scalar(time_ours(*comm, buffer, op, config.iters, true)) / n);
+      ours_async.push_back(comm->sum(time_ours(*comm, buffer, op, config.iters, true)) / n);
       if (raw) {
         buffer.fill_(1.0 / 1024);
-        baseline.push_back(comm->sum_scalar(time_raw_mpi(*comm, buffer, config.iters)) / n);
+        baseline.push_back(comm->sum(time_raw_mpi(*comm, buffer, config.iters)) / n);
       }
     }
     const double seconds = median(ours);
@@ -261,7 +242,5 @@ int main(int argc, char** argv) {
     std::printf("# Out of bounds values : %lld %s\n", (long long)total_wrong,
                 total_wrong == 0 ? "OK" : "FAILED");
   }
-  comm.reset();
-  vqa::runtime::distributed_finalize();
   return total_wrong == 0 ? 0 : 1;
 }

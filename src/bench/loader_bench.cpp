@@ -2,17 +2,16 @@
 // consumer takes a fixed time per batch (a stand-in for the model step);
 // the bench reports samples/s and the fraction of step time next() spent
 // waiting for the prefetch thread. Run it under mpirun like the job.
-#include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
-#include <iostream>
 #include <thread>
 
-#include "data/loader.h"          // ShardedLoader
-#include "runtime/check.h"        // fatal_user_error
-#include "runtime/distributed.h"  // distributed_init, distributed_sum, distributed_max
-
-namespace po = boost::program_options;
+#include "data/loader.h"           // ShardedLoader
+#include "runtime/check.h"         // fatal_user_error
+#include "runtime/communicator.h"  // communicator_create: sum and max over the ranks
+#include "runtime/distributed.h"   // DistributedSession
+#include "util/clock.h"            // SteadyClock, seconds_since
+#include "util/options.h"          // OptionTable
 
 namespace {
 
@@ -24,37 +23,32 @@ struct BenchOptions {
   int64_t epochs = 2;
 };
 
-BenchOptions parse_options(int argc, char** argv) {
-  BenchOptions options;
-  po::options_description description("vqa_loader_bench options");
-  description.add_options()("help,h", "show this help")(
-      "data", po::value(&options.data)->required(), "dataset file (vqa_prep output)")(
-      "split", po::value(&options.split)->default_value(options.split), "train or test")(
-      "batch", po::value(&options.batch)->default_value(options.batch), "batch per rank")(
-      "prefetch", po::value(&options.prefetch)->default_value(options.prefetch),
-      "batches prepared ahead (0: none)")(
-      "compute-ms", po::value(&options.compute_ms)->default_value(options.compute_ms),
-      "consumer time per batch, milliseconds")(
-      "epochs", po::value(&options.epochs)->default_value(options.epochs), "epochs to time");
-  po::variables_map values;
+// Returns false after printing --help.
+bool parse_options(int argc, char** argv, int rank, BenchOptions& options) {
+  vqa::util::OptionTable table("vqa_loader_bench options");
+  table.add_required("data", &options.data, "dataset file (vqa_prep output)")
+      .add("split", &options.split, "train or test")
+      .add("batch", &options.batch, "batch per rank")
+      .add("prefetch", &options.prefetch, "batches prepared ahead (0: none)")
+      .add("compute-ms", &options.compute_ms, "consumer time per batch, milliseconds")
+      .add("epochs", &options.epochs, "epochs to time");
   try {
-    po::store(po::parse_command_line(argc, argv, description), values);
-    if (values.count("help")) {
-      std::cout << description;
-      std::exit(0);
-    }
-    po::notify(values);
-  } catch (const po::error& e) {
+    if (table.parse(argc, argv)) return true;
+  } catch (const vqa::util::OptionError& e) {
     vqa::runtime::fatal_user_error(std::string(e.what()) + " (see --help)");
   }
-  return options;
+  if (rank == 0) table.print_help(stdout, "usage: vqa_loader_bench --data FILE [options]");
+  return false;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const auto& rank = vqa::runtime::distributed_init(&argc, &argv);
-  const BenchOptions options = parse_options(argc, argv);
+  vqa::runtime::DistributedSession session(&argc, &argv);  // MPI ends after the loader
+  const auto& rank = session.rank_info();
+  BenchOptions options;
+  if (!parse_options(argc, argv, rank.rank, options)) return 0;
+  auto comm = vqa::runtime::communicator_create(vqa::runtime::Backend::kMpi, torch::kCPU);
   double elapsed = 0.0, wait = 0.0;
   int64_t samples = 0, steps = 0, dataset_size = 0;
   try {
@@ -70,25 +64,23 @@ int main(int argc, char** argv) {
     // Epoch 0 warms the page cache and the I/O thread; epochs 1.. are timed.
     for (int64_t epoch = 0; epoch <= options.epochs; ++epoch) {
       const double wait_before = loader.wait_seconds();
-      const auto start = std::chrono::steady_clock::now();
+      const auto start = vqa::util::SteadyClock::now();
       loader.start_epoch(epoch);
       while (loader.next(batch)) {
         std::this_thread::sleep_for(compute);  // the model step
         if (epoch > 0) samples += batch.size(), ++steps;
       }
       if (epoch > 0) {
-        elapsed += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        elapsed += vqa::util::seconds_since(start);
         wait += loader.wait_seconds() - wait_before;
       }
     }
   } catch (const std::exception& e) {
     vqa::runtime::fatal_user_error(e.what());
   }
-  const double total_samples = vqa::runtime::distributed_sum(static_cast<double>(samples));
-  const double slowest =
-      static_cast<double>(vqa::runtime::distributed_max(static_cast<int64_t>(elapsed * 1e6))) / 1e6;
-  const double worst_wait =
-      static_cast<double>(vqa::runtime::distributed_max(static_cast<int64_t>(wait * 1e6))) / 1e6;
+  const double total_samples = comm->sum(static_cast<double>(samples));
+  const double slowest = comm->max(elapsed);
+  const double worst_wait = comm->max(wait);
   if (rank.rank == 0) {
     std::printf(
         "dataset %s [%s]: %ld questions; %d ranks x batch %ld, prefetch %d, consumer %.1f "
@@ -101,6 +93,5 @@ int main(int argc, char** argv) {
         static_cast<long>(options.epochs), static_cast<long>(steps), total_samples / slowest,
         100.0 * worst_wait / slowest, steps ? 1e3 * worst_wait / steps : 0.0);
   }
-  vqa::runtime::distributed_finalize();
   return 0;
 }

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "util/hdf5_error.h"  // hdf5_error_stack
+
 namespace vqa::data {
 
 namespace {
@@ -52,7 +54,7 @@ std::vector<T> read_chunk_rows(hid_t dataset, hid_t memory_type,
       // Not validated on open (that would read every image): a damaged chunk shows here.
       throw DataFormatError(path + ": dataset '" + name + "' row " +
                             std::to_string(sorted_rows[i]) +
-                            ": cannot be read (a damaged chunk?): " + hdf5_error_stack());
+                            ": cannot be read (a damaged chunk?): " + util::hdf5_error_stack());
     }
   }
   return values;
@@ -95,7 +97,7 @@ DatasetReader::DatasetReader(const std::string& path, const std::string& split, 
   if (H5Fis_hdf5(path.c_str()) <= 0) throw DataFormatError(path + ": not an HDF5 file");
   file_ = Hdf5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, file_access));
   if (!file_.valid()) {
-    const std::string stack = hdf5_error_stack();
+    const std::string stack = util::hdf5_error_stack();
     if (stack.find("truncated file") != std::string::npos) {
       throw DataFormatError(path +
                             ": the file is truncated, shorter than its header says (a copy or a "

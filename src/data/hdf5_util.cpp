@@ -3,7 +3,8 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "data/format.h"  // DataFormatError
+#include "data/format.h"      // DataFormatError
+#include "util/hdf5_error.h"  // hdf5_error_stack
 
 namespace vqa::data {
 
@@ -52,41 +53,16 @@ herr_t Hdf5Id::reset() {
 void hdf5_silence_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
 namespace {
-herr_t collect_error(unsigned, const H5E_error2_t* error, void* out) {
-  static_cast<std::vector<std::string>*>(out)->push_back(
-      std::string(error->func_name ? error->func_name : "?") + ": " +
-      (error->desc ? error->desc : "?"));
-  return 0;
-}
-
 // For HDF5 calls that involve no file (types): they fail only when the library does.
 void hdf5_require(int64_t rc, const char* what) {
   if (rc < 0)
-    throw std::runtime_error(std::string("HDF5: ") + what + " failed: " + hdf5_error_stack());
+    throw std::runtime_error(std::string("HDF5: ") + what + " failed: " + util::hdf5_error_stack());
 }
 }  // namespace
 
-std::string hdf5_error_stack() {
-  std::vector<std::string> frames;  // from the API call down to where it failed
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &frames);
-  if (frames.empty()) return "no HDF5 error on the stack";
-  // The outer frames say which call failed, the innermost ones why ("data
-  // error detected by Fletcher32 checksum", "truncated file: eof = ..."):
-  // the first three and the last two.
-  std::string text;
-  for (size_t i = 0; i < frames.size(); ++i) {
-    if (i == 3 && frames.size() > 5) {
-      text += " <- ...";
-      i = frames.size() - 2;
-    }
-    text += (text.empty() ? "" : " <- ") + frames[i];
-  }
-  return text;
-}
-
 void hdf5_try(int64_t rc, const char* what, const std::string& path) {
   if (rc < 0) {
-    throw DataFormatError(path + ": " + what + " failed: " + hdf5_error_stack());
+    throw DataFormatError(path + ": " + what + " failed: " + util::hdf5_error_stack());
   }
 }
 
@@ -117,7 +93,7 @@ Hdf5Id hdf5_open_dataset(hid_t location, const std::string& name, const std::str
   Hdf5Id dataset(H5Dopen2(location, name.c_str(), H5P_DEFAULT));
   if (!dataset.valid()) {
     throw DataFormatError(path + ": '" + name +
-                          "' is not a readable dataset: " + hdf5_error_stack());
+                          "' is not a readable dataset: " + util::hdf5_error_stack());
   }
   return dataset;
 }
@@ -303,7 +279,7 @@ std::vector<std::string> hdf5_read_strings(hid_t dataset, int64_t first, int64_t
   // A read that fails part way (a damaged string heap) has already allocated
   // some strings: free them too, after taking the error text (the next HDF5
   // call clears the error stack).
-  const std::string error = status < 0 ? hdf5_error_stack() : "";
+  const std::string error = status < 0 ? util::hdf5_error_stack() : "";
   if (status >= 0) {
     result.reserve(texts.size());
     for (char* text : texts) result.emplace_back(text ? text : "");

@@ -45,9 +45,6 @@ class Hdf5Id {
 // objects and reports failures in its own words.
 void hdf5_silence_errors();
 
-// The top frames of HDF5's error stack of this thread, as one line.
-std::string hdf5_error_stack();
-
 // Throws DataFormatError "<path>: <what> failed: <HDF5 error stack>" when rc < 0.
 void hdf5_try(int64_t rc, const char* what, const std::string& path);
 

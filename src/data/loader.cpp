@@ -127,7 +127,7 @@ Batch read_batch(DatasetReader& reader, const std::vector<int64_t>& rows,
 
 ShardedLoader::ShardedLoader(const std::string& path, const std::string& split,
                              const LoaderOptions& options)
-    : options_(options) {
+    : options_(options), path_(path) {
   if (options.batch_per_rank < 1 || options.world_size < 1 || options.rank < 0 ||
       options.rank >= options.world_size || options.prefetch_depth < 0) {
     throw std::invalid_argument(
@@ -136,6 +136,7 @@ ShardedLoader::ShardedLoader(const std::string& path, const std::string& split,
         ", prefetch_depth " + std::to_string(options.prefetch_depth));
   }
   const bool use_mpio = runtime::distributed_is_initialized();
+  opened_with_mpio_ = use_mpio;
   // Every rank arrives before the (collective) open, so that a rank still
   // starting up does not count as a stall of the others.
   if (use_mpio) runtime::distributed_barrier();
@@ -153,6 +154,14 @@ ShardedLoader::ShardedLoader(const std::string& path, const std::string& split,
 }
 
 ShardedLoader::~ShardedLoader() {
+  if (opened_with_mpio_ && !runtime::distributed_is_initialized()) {
+    // MPI_Finalize has run: HDF5 closed its files then, so this close fails,
+    // and a collective close that ranks reach in a different order can hang.
+    std::fprintf(stderr,
+                 "[vqa] internal error: the loader of %s outlived MPI_Finalize; destroy loaders "
+                 "before distributed_finalize (declare runtime::DistributedSession first)\n",
+                 path_.c_str());
+  }
   drain();
   // Close the file on the I/O thread too (with MPI-IO, collectively).
   try {

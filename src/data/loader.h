@@ -10,8 +10,9 @@
 // MPI: when the runtime is up (distributed_init), the file is opened through
 // MPI-IO, and construction and destruction are collective: every rank
 // constructs and destroys its loaders in the same order, and destroys them
-// before distributed_finalize. Without the runtime the file is opened with the
-// default (POSIX) driver, for tools and single-process tests.
+// before distributed_finalize (a loader destroyed later says so on stderr).
+// Without the runtime the file is opened with the default (POSIX) driver,
+// for tools and single-process tests.
 //
 // Errors: a malformed or unreadable file throws DataFormatError (a
 // std::runtime_error) naming the file, the dataset or attribute and the value;
@@ -96,6 +97,8 @@ class ShardedLoader {
   void drain();
 
   LoaderOptions options_;
+  std::string path_;
+  bool opened_with_mpio_ = false;  // the runtime was up: destroy before distributed_finalize
   DatasetInfo info_;
   std::shared_ptr<ReadProgress> progress_;  // the reader marks it for as long as it lives
   std::shared_ptr<DatasetReader> reader_;   // touched only on the I/O thread

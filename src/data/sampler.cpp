@@ -4,34 +4,11 @@
 #include <string>
 
 #include "data/loader.h"
+#include "util/splitmix64.h"  // SplitMix64: every rank draws the same permutation
 
 namespace vqa::data {
 
 namespace {
-
-// SplitMix64 (Steele et al.): a small generator whose output is fixed by its
-// definition. std::uniform_int_distribution is not: two standard libraries
-// may draw differently, and every rank must draw the same permutation.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, bound) without modulo bias (rejection of the short tail).
-  uint64_t below(uint64_t bound) {
-    const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
-    uint64_t value = next();
-    while (value >= limit) value = next();
-    return value % bound;
-  }
-
- private:
-  uint64_t state_;
-};
 
 void check_arguments(int64_t dataset_size, int rank, int world_size) {
   if (dataset_size < 0 || world_size < 1 || rank < 0 || rank >= world_size) {
@@ -55,7 +32,7 @@ std::vector<int64_t> shard_indices_for_rank(int64_t dataset_size, uint64_t seed,
   std::iota(order.begin(), order.end(), int64_t{0});
   if (shuffle) {
     // Mix the epoch into the seed so that (seed, epoch) and (seed + 1, epoch - 1) differ.
-    SplitMix64 generator(seed ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(epoch + 1)));
+    util::SplitMix64 generator(seed ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(epoch + 1)));
     for (int64_t i = dataset_size - 1; i > 0; --i) {
       const auto j = static_cast<int64_t>(generator.below(static_cast<uint64_t>(i + 1)));
       std::swap(order[i], order[j]);

@@ -1,6 +1,5 @@
 #include "runtime/check.h"
 
-#include <hdf5.h>
 #include <mpi.h>
 #include <unistd.h>
 
@@ -60,23 +59,6 @@ std::string mpi_error_string(int code) {
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
     return "MPI error " + std::to_string(code);
   return std::string(text, length);
-}
-
-namespace {
-herr_t collect_hdf5_error(unsigned depth, const H5E_error2_t* error, void* out) {
-  auto* text = static_cast<std::string*>(out);
-  if (!text->empty()) text->append(" <- ");
-  text->append(error->func_name ? error->func_name : "?");
-  text->append(": ");
-  text->append(error->desc ? error->desc : "?");
-  return depth < 3 ? 0 : 1;  // the top few frames say enough
-}
-}  // namespace
-
-std::string hdf5_error_string() {
-  std::string text;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_hdf5_error, &text);
-  return text.empty() ? "no HDF5 error on the stack" : text;
 }
 
 }  // namespace vqa::runtime

@@ -9,6 +9,8 @@
 
 #include <string>
 
+#include "util/hdf5_error.h"  // hdf5_error_stack, for VQA_CHECK_HDF5
+
 namespace vqa::runtime {
 
 // Prints "[vqa] FATAL rank R/N (HOST): LIBRARY call `CALL` failed at FILE:LINE: DETAIL"
@@ -30,9 +32,8 @@ namespace vqa::runtime {
 // "rank R/N (HOST)" once the runtime is up, "rank ? (HOST)" before.
 std::string rank_label();
 
-// The libraries' error strings; each is defined where that library is linked.
+// MPI's error string for a return code.
 std::string mpi_error_string(int code);
-std::string hdf5_error_string();
 
 }  // namespace vqa::runtime
 
@@ -55,10 +56,10 @@ std::string hdf5_error_string();
 
 // HDF5 calls return a negative herr_t/hid_t on failure; the detail is the top
 // of HDF5's error stack.
-#define VQA_CHECK_HDF5(call)                                            \
-  do {                                                                  \
-    if ((call) < 0) {                                                   \
-      ::vqa::runtime::fatal_error("HDF5", #call, __FILE__, __LINE__,    \
-                                  ::vqa::runtime::hdf5_error_string()); \
-    }                                                                   \
+#define VQA_CHECK_HDF5(call)                                         \
+  do {                                                               \
+    if ((call) < 0) {                                                \
+      ::vqa::runtime::fatal_error("HDF5", #call, __FILE__, __LINE__, \
+                                  ::vqa::util::hdf5_error_stack());  \
+    }                                                                \
   } while (0)

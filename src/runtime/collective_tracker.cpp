@@ -14,8 +14,10 @@ const char* collective_kind_name(CollectiveKind kind) {
       return "broadcast";
     case CollectiveKind::kBarrier:
       return "barrier";
-    case CollectiveKind::kScalarSum:
-      return "scalar sum";
+    case CollectiveKind::kScalar:
+      return "scalar allreduce";
+    case CollectiveKind::kGather:
+      return "string gather";
   }
   return "collective";
 }

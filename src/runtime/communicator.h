@@ -9,12 +9,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/distributed.h"  // RankInfo
 
 namespace vqa::runtime {
 
 enum class ReduceOp { kSum, kAverage };
+enum class ScalarOp { kSum, kMax, kMin };
 enum class Backend { kAuto, kMpi, kNccl };
 
 // "auto" | "mpi" | "nccl"; throws std::invalid_argument on anything else.
@@ -56,6 +58,7 @@ class Communicator {
   virtual Backend backend() const = 0;
   int rank() const { return info_.rank; }
   int world_size() const { return info_.world_size; }
+  const std::string& host() const { return info_.host; }
 
   // In place on `buffer` (contiguous, float32 or bfloat16, on the backend's
   // device). The caller keeps the tensor alive and does not touch it until
@@ -73,8 +76,15 @@ class Communicator {
   // Returns once every rank has called it and all collectives launched
   // before it on this communicator have completed.
   virtual void barrier() = 0;
-  // Sum of `value` over all ranks, to the host.
-  virtual double sum_scalar(double value) = 0;
+  // `value` combined over all ranks, on every rank's host. Blocks; ordered
+  // after every collective launched before it. Main thread only.
+  virtual double allreduce_scalar(double value, ScalarOp op) = 0;
+  double sum(double value) { return allreduce_scalar(value, ScalarOp::kSum); }
+  double max(double value) { return allreduce_scalar(value, ScalarOp::kMax); }
+  double min(double value) { return allreduce_scalar(value, ScalarOp::kMin); }
+  // Every rank's string, in rank order, on every rank (the lengths may
+  // differ). Blocks like allreduce_scalar. Main thread only.
+  virtual std::vector<std::string> gather_strings(const std::string& value) = 0;
 
   // Where the training loop is (epoch, optimiser step of the run), so that
   // messages about a stuck or failed collective can say when it happened.

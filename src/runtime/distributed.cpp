@@ -7,9 +7,10 @@
 #include <atomic>
 #include <cstdlib>
 
-#include "runtime/check.h"          // VQA_CHECK_MPI, fatal_user_error
-#include "runtime/version.h"        // code_version
-#include "runtime/watchdog_impl.h"  // watchdog_start, watchdog_stop
+#include "runtime/check.h"            // VQA_CHECK_MPI, fatal_user_error
+#include "runtime/mpi_collectives.h"  // mpi_allgather_strings
+#include "runtime/version.h"          // code_version
+#include "runtime/watchdog_impl.h"    // watchdog_start, watchdog_stop
 
 namespace vqa::runtime {
 
@@ -87,27 +88,15 @@ void distributed_finalize() {
 
 bool distributed_is_initialized() { return g_initialized.load(); }
 
+bool distributed_is_finalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
 const RankInfo& distributed_rank_info() { return g_info; }
 
 void distributed_barrier() { VQA_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD)); }
-
-double distributed_sum(double value) {
-  double total = 0.0;
-  VQA_CHECK_MPI(MPI_Allreduce(&value, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
-  return total;
-}
-
-int64_t distributed_max(int64_t value) {
-  int64_t result = 0;
-  VQA_CHECK_MPI(MPI_Allreduce(&value, &result, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
-  return result;
-}
-
-int64_t distributed_min(int64_t value) {
-  int64_t result = 0;
-  VQA_CHECK_MPI(MPI_Allreduce(&value, &result, 1, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD));
-  return result;
-}
 
 void distributed_broadcast_bytes(std::vector<char>& bytes, int root) {
   int64_t size = static_cast<int64_t>(bytes.size());
@@ -122,21 +111,7 @@ void distributed_broadcast_bytes(std::vector<char>& bytes, int root) {
 }
 
 std::vector<std::string> distributed_gather_strings(const std::string& value) {
-  const int length = static_cast<int>(value.size());
-  std::vector<int> lengths(g_info.world_size);
-  VQA_CHECK_MPI(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD));
-  std::vector<int> offsets(g_info.world_size, 0);
-  int total = 0;
-  for (int r = 0; r < g_info.world_size; ++r) {
-    offsets[r] = total;
-    total += lengths[r];
-  }
-  std::string all(static_cast<size_t>(total), '\0');
-  VQA_CHECK_MPI(MPI_Allgatherv(value.data(), length, MPI_CHAR, all.data(), lengths.data(),
-                               offsets.data(), MPI_CHAR, MPI_COMM_WORLD));
-  std::vector<std::string> result;
-  for (int r = 0; r < g_info.world_size; ++r) result.push_back(all.substr(offsets[r], lengths[r]));
-  return result;
+  return mpi_allgather_strings(MPI_COMM_WORLD, value, /*tracker=*/nullptr);
 }
 
 void distributed_raw_allreduce_sum(float* data, int64_t count) {

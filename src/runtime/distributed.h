@@ -22,19 +22,37 @@ struct RankInfo {
 // give that level. Call once, from the main thread, before anything else.
 const RankInfo& distributed_init(int* argc, char*** argv);
 
-// Ends MPI. Every rank must call it; call once, after all communicators are gone.
+// Ends MPI. Every rank must call it; call once, after all communicators and
+// loaders are gone (DistributedSession orders that).
 void distributed_finalize();
 
 bool distributed_is_initialized();
+// True once MPI_Finalize has run (for checks that something outlived it).
+bool distributed_is_finalized();
+
+// MPI for the scope of main(): distributed_init in the constructor,
+// distributed_finalize in the destructor. Declared first in main(), it ends
+// MPI after everything declared below it (loaders, communicators, the stop
+// agreement) is destroyed, on every return path.
+class DistributedSession {
+ public:
+  DistributedSession(int* argc, char*** argv) : info_(distributed_init(argc, argv)) {}
+  ~DistributedSession() { distributed_finalize(); }
+  DistributedSession(const DistributedSession&) = delete;
+  DistributedSession& operator=(const DistributedSession&) = delete;
+  const RankInfo& rank_info() const { return info_; }
+
+ private:
+  const RankInfo& info_;
+};
 
 // Valid after distributed_init; before it, a single-rank default.
 const RankInfo& distributed_rank_info();
 
-// Whole-job operations on MPI_COMM_WORLD, main thread only.
+// Whole-job operations on MPI_COMM_WORLD for start-up and shut-down, before
+// a Communicator exists or after it is gone (the training loop uses its
+// Communicator). Main thread only.
 void distributed_barrier();
-double distributed_sum(double value);
-int64_t distributed_max(int64_t value);
-int64_t distributed_min(int64_t value);
 // Root's bytes replace every other rank's; sizes may differ before the call.
 void distributed_broadcast_bytes(std::vector<char>& bytes, int root);
 // Every rank's string, in rank order (for comparing configs across ranks).

@@ -7,7 +7,6 @@
 
 #include <c10/util/BFloat16.h>
 
-#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -16,7 +15,9 @@
 #include "runtime/check.h"              // VQA_CHECK_MPI, VQA_CHECK
 #include "runtime/communicator.h"       // Communicator, Work
 #include "runtime/communicator_impl.h"  // mpi_communicator_create
+#include "runtime/mpi_collectives.h"    // mpi_allreduce_scalar, mpi_allgather_strings
 #include "runtime/watchdog_impl.h"      // CollectiveTracker, collective_call_failed
+#include "util/clock.h"                 // steady_seconds
 
 namespace vqa::runtime {
 
@@ -40,10 +41,6 @@ void bf16_sum(void* in, void* inout, int* count, MPI_Datatype* /*type*/) {
                                              ::vqa::runtime::mpi_error_string(vqa_mpi_rc_)); \
     }                                                                                        \
   } while (0)
-
-double steady_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // MPI counts are int; larger buffers go in pieces of this many elements.
 constexpr int64_t kMaxElementsPerCall = int64_t{1} << 30;
@@ -142,13 +139,20 @@ class MpiCommunicator final : public Communicator {
     tracker_->end(sequence);
   }
 
-  double sum_scalar(double value) override {
+  double allreduce_scalar(double value, ScalarOp op) override {
     drain();
-    double total = 0.0;
-    const int64_t sequence = tracker_->begin(CollectiveKind::kScalarSum, sizeof(double));
-    VQA_CHECK_MPI_IN(*tracker_, MPI_Allreduce(&value, &total, 1, MPI_DOUBLE, MPI_SUM, comm_));
+    const int64_t sequence = tracker_->begin(CollectiveKind::kScalar, sizeof(double));
+    const double result = mpi_allreduce_scalar(comm_, value, op, tracker_.get());
     tracker_->end(sequence);
-    return total;
+    return result;
+  }
+
+  std::vector<std::string> gather_strings(const std::string& value) override {
+    drain();
+    const int64_t sequence = tracker_->begin(CollectiveKind::kGather, value.size());
+    auto result = mpi_allgather_strings(comm_, value, tracker_.get());
+    tracker_->end(sequence);
+    return result;
   }
 
  private:
@@ -196,7 +200,7 @@ class MpiCommunicator final : public Communicator {
     const MPI_Op op = is_bf16 ? bf16_sum_op_ : MPI_SUM;
     char* data = static_cast<char*>(buffer.data_ptr());
     const int64_t element_size = buffer.element_size();
-    const double began = steady_seconds();
+    const double began = util::steady_seconds();
     const int64_t sequence =
         tracker_->begin(CollectiveKind::kAllreduce, buffer.numel() * element_size);
     for (int64_t offset = 0; offset < buffer.numel(); offset += kMaxElementsPerCall) {
@@ -208,7 +212,8 @@ class MpiCommunicator final : public Communicator {
     if (pending.op == ReduceOp::kAverage && info_.world_size > 1) {
       buffer.div_(static_cast<double>(info_.world_size));
     }
-    if (pending.work) pending.work->set_times(began, steady_seconds());  // null: blocking call
+    if (pending.work)
+      pending.work->set_times(began, util::steady_seconds());  // null: blocking call
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

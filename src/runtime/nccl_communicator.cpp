@@ -21,6 +21,7 @@
 #include "runtime/communicator.h"       // Communicator, Work
 #include "runtime/communicator_impl.h"  // nccl_communicator_create
 #include "runtime/gpu_check.h"          // VQA_CHECK_CUDA, VQA_CHECK_NCCL
+#include "runtime/mpi_collectives.h"    // mpi_allreduce_scalar, mpi_allgather_strings
 #include "runtime/watchdog_impl.h"      // CollectiveTracker, collective_call_failed
 
 namespace vqa::runtime {
@@ -146,13 +147,21 @@ class NcclCommunicator final : public Communicator {
     tracker_->end(sequence);
   }
 
-  double sum_scalar(double value) override {
+  // On the host over MPI_COMM_WORLD, after the NCCL stream is drained, as barrier().
+  double allreduce_scalar(double value, ScalarOp op) override {
     VQA_CHECK_CUDA(cudaStreamSynchronize(comm_stream_));
-    double total = 0.0;
-    const int64_t sequence = tracker_->begin(CollectiveKind::kScalarSum, sizeof(double));
-    VQA_CHECK_MPI(MPI_Allreduce(&value, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    const int64_t sequence = tracker_->begin(CollectiveKind::kScalar, sizeof(double));
+    const double result = mpi_allreduce_scalar(MPI_COMM_WORLD, value, op, tracker_.get());
     tracker_->end(sequence);
-    return total;
+    return result;
+  }
+
+  std::vector<std::string> gather_strings(const std::string& value) override {
+    VQA_CHECK_CUDA(cudaStreamSynchronize(comm_stream_));
+    const int64_t sequence = tracker_->begin(CollectiveKind::kGather, value.size());
+    auto result = mpi_allgather_strings(MPI_COMM_WORLD, value, tracker_.get());
+    tracker_->end(sequence);
+    return result;
   }
 
  private:

@@ -14,7 +14,7 @@ namespace vqa::runtime {
 
 class Communicator;
 
-enum class CollectiveKind : int64_t { kAllreduce = 1, kBroadcast, kBarrier, kScalarSum };
+enum class CollectiveKind : int64_t { kAllreduce = 1, kBroadcast, kBarrier, kScalar, kGather };
 const char* collective_kind_name(CollectiveKind kind);
 
 // One rank's view of one communicator's collectives, at one moment.

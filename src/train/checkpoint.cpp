@@ -1,24 +1,17 @@
 #include "train/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-#include <zlib.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <vector>
 
-#include "runtime/check.h"        // fatal_user_error
-#include "runtime/distributed.h"  // distributed_rank_info: only rank 0 warns
+#include "runtime/check.h"      // fatal_user_error
+#include "util/durable_file.h"  // DurableFileWriter, write_file_atomically, crc32_update
 
 namespace fs = std::filesystem;
 
@@ -76,117 +69,7 @@ void read_state(torch::serialize::InputArchive& archive, TrainState& state) {
   }
 }
 
-// ---- files written durably, with a CRC-32 ------------------------------------
-
-// "No space left on device (ENOSPC)": the text users search for and the name
-// administrators know.
-std::string system_error_text(int error) {
-  static const std::pair<int, const char*> kNames[] = {
-      {ENOSPC, "ENOSPC"}, {EDQUOT, "EDQUOT"}, {EFBIG, "EFBIG"},   {EIO, "EIO"},
-      {EROFS, "EROFS"},   {EACCES, "EACCES"}, {ENOENT, "ENOENT"}, {EISDIR, "EISDIR"}};
-  std::string name = "errno " + std::to_string(error);
-  for (const auto& [code, text] : kNames) {
-    if (code == error) name = text;
-  }
-  return std::string(std::strerror(error)) + " (" + name + ")";
-}
-
-// zlib's crc32 takes a uInt length; crc32_z takes size_t, for files over 4 GiB.
-// A null pointer would make it return its initial value (LibTorch's zip
-// writer does pass empty buffers), so empty pieces are skipped.
-uint32_t crc32_update(uint32_t crc, const void* data, size_t size) {
-  if (size == 0) return crc;
-  return static_cast<uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), size));
-}
-
-// A new file written through a POSIX descriptor, every call checked. The first
-// failure is kept, and later writes are accepted and dropped: LibTorch's zip
-// writer, which calls write() back, may throw from its destructor while an
-// exception unwinds, so the failure is reported after it returns instead.
-class FileWriter {
- public:
-  explicit FileWriter(const std::string& path) {
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail("open");
-  }
-  ~FileWriter() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileWriter(const FileWriter&) = delete;
-  FileWriter& operator=(const FileWriter&) = delete;
-
-  size_t write(const void* data, size_t size) {
-    if (error_.empty()) {
-      const char* bytes = static_cast<const char*>(data);
-      size_t done = 0;
-      while (done < size) {
-        const ssize_t written = ::write(fd_, bytes + done, size - done);
-        if (written < 0 && errno == EINTR) continue;
-        if (written < 0) {
-          bytes_ += done;
-          fail("write");
-          return size;
-        }
-        done += static_cast<size_t>(written);
-      }
-      crc_ = crc32_update(crc_, data, size);
-      bytes_ += size;
-    }
-    return size;
-  }
-
-  // fsync and close; false (see error()) when anything failed on the way.
-  bool finish() {
-    if (error_.empty() && ::fsync(fd_) != 0) fail("fsync");
-    if (fd_ >= 0 && ::close(fd_) != 0 && error_.empty()) fail("close");
-    fd_ = -1;
-    return error_.empty();
-  }
-  void fail_with(const std::string& error) {
-    if (error_.empty()) error_ = error;
-  }
-
-  const std::string& error() const { return error_; }
-  uint32_t crc() const { return crc_; }
-  uint64_t bytes() const { return bytes_; }
-
- private:
-  void fail(const char* call) {
-    const int error = errno;
-    fail_with(std::string(call) + " failed after " + std::to_string(bytes_) +
-              " bytes: " + system_error_text(error));
-  }
-
-  int fd_ = -1;
-  uint32_t crc_ = 0;
-  uint64_t bytes_ = 0;
-  std::string error_;
-};
-
-// Makes a rename inside `directory` durable. Some network file systems
-// refuse fsync on a directory (EINVAL); their renames are synchronous.
-void fsync_directory(const fs::path& directory) {
-  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0)
-    throw std::runtime_error("cannot open " + directory.string() + ": " + system_error_text(errno));
-  const int rc = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  if (rc != 0 && error != EINVAL) {
-    throw std::runtime_error("fsync of " + directory.string() +
-                             " failed: " + system_error_text(error));
-  }
-}
-
-void rename_durably(const std::string& from, const std::string& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(from.c_str());
-    throw std::runtime_error("cannot rename " + from + " to " + to + ": " +
-                             system_error_text(error));
-  }
-  fsync_directory(fs::path(to).parent_path().empty() ? fs::path(".") : fs::path(to).parent_path());
-}
+// ---- sidecars: the CRC-32 and size of a file -------------------------------
 
 struct Sidecar {
   uint32_t crc = 0;
@@ -245,51 +128,19 @@ std::string sidecar_compare(const Sidecar& sidecar, uint64_t size, uint32_t crc)
   return text;
 }
 
-// Streams the file to consume(data, size); throws std::runtime_error whose
-// text completes "checkpoint PATH ...".
-template <typename Consume>
-void read_file(const std::string& path, Consume consume) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    throw std::runtime_error(errno == ENOENT ? "does not exist"
-                                             : "cannot be opened: " + system_error_text(errno));
-  }
-  std::vector<char> chunk(1 << 20);
-  for (;;) {
-    const ssize_t got = ::read(fd, chunk.data(), chunk.size());
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) {
-      const int error = errno;
-      ::close(fd);
-      throw std::runtime_error("cannot be read: " + system_error_text(error));
-    }
-    if (got == 0) break;
-    consume(chunk.data(), static_cast<size_t>(got));
-  }
-  ::close(fd);
-}
-
 // F.tmp, fsync, sidecar, rename to F, fsync of the directory. On failure the
 // temporary files are gone and F, if it existed, is untouched.
 void archive_write_verified(torch::serialize::OutputArchive& archive, const std::string& path) {
-  const std::string temporary = path + ".tmp";
-  FileWriter file(temporary);
+  util::DurableFileWriter file(path);
   try {
     archive.save_to([&file](const void* data, size_t size) { return file.write(data, size); });
   } catch (const c10::Error& e) {
-    file.fail_with(std::string("LibTorch could not serialise it: ") + e.what_without_backtrace());
+    file.fail(std::string("LibTorch could not serialise it: ") + e.what_without_backtrace());
   }
-  if (!file.finish()) {
-    ::unlink(temporary.c_str());
-    throw std::runtime_error("cannot write " + temporary + ": " + file.error());
-  }
-  try {
-    write_file_atomically(checkpoint_sidecar_path(path), sidecar_text(file.crc(), file.bytes()));
-  } catch (...) {
-    ::unlink(temporary.c_str());
-    throw;
-  }
-  rename_durably(temporary, path);
+  file.finish();
+  util::write_file_atomically(checkpoint_sidecar_path(path),
+                              sidecar_text(file.crc32(), file.bytes()));
+  file.commit();
 }
 
 // ---- names, rotation and choice --------------------------------------------
@@ -374,25 +225,12 @@ void rotate_checkpoints(const fs::path& directory, int64_t keep, const std::stri
   }
 }
 
-// "keep-checkpoints = K" in the resolved configuration; 0 (all) without it.
-int64_t keep_checkpoints_from_config(const std::string& config_ini) {
-  std::istringstream lines(config_ini);
-  std::string line;
-  while (std::getline(lines, line)) {
-    long long keep = 0;
-    if (std::sscanf(line.c_str(), "keep-checkpoints = %lld", &keep) == 1) return keep;
-  }
-  return 0;
-}
-
 std::string latest_name(const fs::path& directory) {
   std::ifstream latest(directory / "latest");
   std::string name;
   latest >> name;
   return name;
 }
-
-bool rank_zero() { return runtime::distributed_rank_info().rank == 0; }
 
 // Ends the job after a failed write; every earlier file is as it was.
 [[noreturn]] void fail_write(const std::string& what, const std::string& error,
@@ -411,17 +249,6 @@ bool rank_zero() { return runtime::distributed_rank_info().rank == 0; }
 
 std::string checkpoint_sidecar_path(const std::string& path) { return path + ".crc32"; }
 
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp";
-  FileWriter file(temporary);
-  file.write(text.data(), text.size());
-  if (!file.finish()) {
-    ::unlink(temporary.c_str());
-    throw std::runtime_error("cannot write " + temporary + ": " + file.error());
-  }
-  rename_durably(temporary, path);
-}
-
 CheckpointCheck checkpoint_verify(const std::string& path) {
   Sidecar sidecar;
   std::string problem;
@@ -430,8 +257,8 @@ CheckpointCheck checkpoint_verify(const std::string& path) {
   uint32_t crc = 0;
   uint64_t size = 0;
   try {
-    read_file(path, [&](const char* data, size_t bytes) {
-      crc = crc32_update(crc, data, bytes);
+    util::read_file_chunks(path, [&](const char* data, size_t bytes) {
+      crc = util::crc32_update(crc, data, bytes);
       size += bytes;
     });
   } catch (const std::exception& e) {
@@ -442,7 +269,8 @@ CheckpointCheck checkpoint_verify(const std::string& path) {
 }
 
 std::string checkpoint_save(const std::string& out_dir, model::M3AE& model, VqaOptimizer& optimizer,
-                            const TrainState& state, const std::string& config_ini) {
+                            const TrainState& state, const std::string& config_ini,
+                            int keep_checkpoints) {
   const fs::path directory = fs::path(out_dir) / "checkpoints";
   std::error_code error;
   fs::create_directories(directory, error);
@@ -475,11 +303,11 @@ std::string checkpoint_save(const std::string& out_dir, model::M3AE& model, VqaO
   remove_stale_files(directory);
   try {
     archive_write_verified(archive, path);
-    write_file_atomically((directory / "latest").string(), std::string(name) + "\n");
+    util::write_file_atomically((directory / "latest").string(), std::string(name) + "\n");
   } catch (const std::exception& e) {
     fail_write("checkpoint " + path, e.what(), directory);
   }
-  rotate_checkpoints(directory, keep_checkpoints_from_config(config_ini), name);
+  rotate_checkpoints(directory, keep_checkpoints, name);
   return path;
 }
 
@@ -500,7 +328,7 @@ void checkpoint_save_best(const std::string& out_dir, model::M3AE& model, const 
   }
 }
 
-std::string checkpoint_latest(const std::string& out_dir) {
+std::string checkpoint_latest(const std::string& out_dir, RunLog& log) {
   const fs::path directory = fs::path(out_dir) / "checkpoints";
   const auto files = checkpoint_files(directory);
   // `latest` first: it is the commit point of a save. Then the ones before it
@@ -520,23 +348,18 @@ std::string checkpoint_latest(const std::string& out_dir) {
     const std::string path = (directory / name).string();
     const CheckpointCheck check = checkpoint_verify(path);
     if (check.good) {
-      if (!skipped.empty() && rank_zero()) {
-        std::fprintf(stderr,
-                     "[vqa] warning: --resume auto: using %s, the newest intact checkpoint; "
-                     "`latest` names it from now on\n",
-                     path.c_str());
+      if (!skipped.empty() && log.writer()) {
+        log.warn("--resume auto: using " + path +
+                 ", the newest intact checkpoint; `latest` names it from now on");
         try {  // so that `latest` names a good file while this run trains
-          write_file_atomically((directory / "latest").string(), name + "\n");
+          util::write_file_atomically((directory / "latest").string(), name + "\n");
         } catch (const std::exception& e) {
-          std::fprintf(stderr, "[vqa] warning: %s\n", e.what());
+          log.warn(e.what());
         }
       }
       return path;
     }
-    if (rank_zero()) {
-      std::fprintf(stderr, "[vqa] warning: --resume auto: skipping checkpoint %s: it %s\n",
-                   path.c_str(), check.problem.c_str());
-    }
+    log.warn("--resume auto: skipping checkpoint " + path + ": it " + check.problem);
     skipped += (skipped.empty() ? "" : "; ") + name + " " + check.problem;
   }
   if (!skipped.empty()) {
@@ -549,26 +372,27 @@ std::string checkpoint_latest(const std::string& out_dir) {
 }
 
 void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& optimizer,
-                     TrainState& state) {
+                     TrainState& state, RunLog& log) {
   std::string bytes;
   try {
-    read_file(path, [&bytes](const char* data, size_t size) { bytes.append(data, size); });
+    util::read_file_chunks(path,
+                           [&bytes](const char* data, size_t size) { bytes.append(data, size); });
   } catch (const std::exception& e) {
     throw std::runtime_error("checkpoint " + path + " " + e.what());
   }
   Sidecar sidecar;
   std::string problem;
   if (sidecar_read(path, sidecar, problem)) {
-    problem = sidecar_compare(sidecar, bytes.size(), crc32_update(0, bytes.data(), bytes.size()));
+    problem =
+        sidecar_compare(sidecar, bytes.size(), util::crc32_update(0, bytes.data(), bytes.size()));
     if (!problem.empty()) {
       throw std::runtime_error("checkpoint " + path + " " + problem +
                                " (--resume auto falls back to the newest intact checkpoint)");
     }
   } else if (fs::exists(checkpoint_sidecar_path(path))) {
     throw std::runtime_error("checkpoint " + path + " " + problem);
-  } else if (rank_zero()) {
-    std::fprintf(stderr, "[vqa] warning: checkpoint %s %s: loading it unverified\n", path.c_str(),
-                 problem.c_str());
+  } else {
+    log.warn("checkpoint " + path + " " + problem + ": loading it unverified");
   }
   torch::serialize::InputArchive archive;
   try {

@@ -19,9 +19,11 @@
 // were, and `latest` always names a complete file whose checksum matches.
 //
 // Rotation. After each save the oldest checkpoints beyond the newest K are
-// removed with their sidecars (K = `keep-checkpoints` of the resolved
-// config; 0 keeps all). The file just written and best_model.pt are never
-// removed.
+// removed with their sidecars (K = --keep-checkpoints; 0 keeps all). The
+// file just written and best_model.pt are never removed.
+//
+// Warnings (a skipped checkpoint, an unverified load) go to the RunLog, so
+// rank 0 prints them once and they reach train.log.
 #pragma once
 
 #include <torch/torch.h>
@@ -30,7 +32,8 @@
 
 #include "model/m3ae.h"       // M3AE
 #include "train/optimizer.h"  // VqaOptimizer
-#include "train/trainer.h"    // TrainState
+#include "train/run_log.h"    // RunLog: warnings
+#include "train/run_state.h"  // TrainState
 
 namespace vqa::train {
 
@@ -40,14 +43,15 @@ constexpr int kExitCheckpointWriteFailed = 74;
 // Writes <out>/checkpoints/epoch-NNNN.pt (after epoch NNNN) or
 // epoch-NNNN-step-SSSSSS.pt (inside epoch NNNN after SSSSSS optimiser steps),
 // its sidecar, and <out>/checkpoints/latest naming it; removes temporary files
-// left by a killed writer; rotates old checkpoints, keeping the number that
-// config_ini's "keep-checkpoints = K" line says (all when the line is absent).
-// Returns the path. Rank 0 only. A failed write (full disk, quota, I/O error)
+// left by a killed writer; rotates old checkpoints, keeping the newest
+// keep_checkpoints (0: all). config_ini (the resolved configuration) is saved
+// inside. Returns the path. Rank 0 only. A failed write (full disk, quota, I/O error)
 // removes its temporary files and ends the job on every rank with exit status
 // kExitCheckpointWriteFailed and a message naming the file, the error and the
 // last good checkpoint, which stays as it was.
 std::string checkpoint_save(const std::string& out_dir, model::M3AE& model, VqaOptimizer& optimizer,
-                            const TrainState& state, const std::string& config_ini);
+                            const TrainState& state, const std::string& config_ini,
+                            int keep_checkpoints);
 
 // <out>/best_model.pt and its sidecar: the model (and state) of the best epoch
 // so far. Failures end the job as in checkpoint_save.
@@ -55,19 +59,19 @@ void checkpoint_save_best(const std::string& out_dir, model::M3AE& model, const 
 
 // The checkpoint --resume auto continues from, or "" when <out>/checkpoints
 // holds none: the file `latest` names if its checksum matches, otherwise the
-// newest older checkpoint that matches. Every file skipped is named on stderr
-// (rank 0) with what is wrong with it, and rank 0 rewrites `latest` to name
-// the file chosen. When checkpoints exist but none
-// matches, ends the job on every rank with a message listing each file and
-// its problem (starting afresh would silently discard the run).
-std::string checkpoint_latest(const std::string& out_dir);
+// newest older checkpoint that matches. Every file skipped is named in a
+// warning with what is wrong with it, and the log's writer (rank 0) rewrites
+// `latest` to name the file chosen. When checkpoints exist but none matches,
+// ends the job on every rank with a message listing each file and its
+// problem (starting afresh would silently discard the run).
+std::string checkpoint_latest(const std::string& out_dir, RunLog& log);
 
 // Loads model, optimiser and state from one read of the file, after checking
 // it against its sidecar. Throws std::runtime_error naming the file and what
 // is wrong (missing, truncated, corrupt, unreadable by LibTorch). A file
-// without a sidecar (copied without it) is loaded with a warning on stderr.
+// without a sidecar (copied without it) is loaded with a warning.
 void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& optimizer,
-                     TrainState& state);
+                     TrainState& state, RunLog& log);
 
 // The result of checking a checkpoint file against its sidecar.
 struct CheckpointCheck {
@@ -82,11 +86,5 @@ CheckpointCheck checkpoint_verify(const std::string& path);
 
 // The sidecar of `path`: path + ".crc32".
 std::string checkpoint_sidecar_path(const std::string& path);
-
-// Writes `text` to `path` atomically and durably (temporary file, fsync,
-// rename, fsync of the directory). Throws std::runtime_error naming the file
-// and the system's error (e.g. "No space left on device (ENOSPC)") after
-// removing the temporary file.
-void write_file_atomically(const std::string& path, const std::string& text);
 
 }  // namespace vqa::train

@@ -1,157 +1,105 @@
 #include "train/config.h"
 
-#include <boost/program_options.hpp>
-
-#include <cstdio>
-#include <fstream>
-#include <functional>
-#include <iostream>
-#include <map>
+#include <algorithm>
 #include <sstream>
-#include <thread>
 
 #include "runtime/check.h"  // fatal_user_error
-
-namespace po = boost::program_options;
+#include "util/options.h"   // OptionTable, option_text
 
 namespace vqa::train {
 
 namespace {
 
-std::string to_text(const std::string& value) { return value; }
-std::string to_text(bool value) { return value ? "true" : "false"; }
-std::string to_text(double value) {
-  char text[64];
-  std::snprintf(text, sizeof(text), "%.10g", value);
-  return text;
+using util::option_text;
+
+// The option table, bound to one TrainConfig's fields: help, INI parsing,
+// defaults and the saved config all come from it.
+void declare_options(util::OptionTable& table, TrainConfig& c) {
+  table
+      .add("config", &c.config_file,
+           "INI file with any of these options (key = value); the command line wins")
+      .add("train-data", &c.train_data, "HDF5 dataset made by vqa_prep (train split)")
+      .add("test-data", &c.test_data,
+           "HDF5 dataset for evaluation (test split); default: --train-data")
+      .add("prefetch-depth", &c.prefetch_depth, "batches the loader thread prepares ahead")
+      .add("drop-last", &c.drop_last,
+           "drop the tail that does not fill every rank instead of wrapping around")
+      .add("preset", &c.preset, "model size: tiny | small | base")
+      .add("hidden", &c.hidden, "hidden size (0: preset)")
+      .add("heads", &c.heads, "attention heads (0: preset)")
+      .add("ffn", &c.ffn, "feed-forward size (0: preset)")
+      .add("vision-layers", &c.vision_layers, "ViT layers (0: preset)")
+      .add("text-layers", &c.text_layers, "text encoder layers (0: preset)")
+      .add("fusion-layers", &c.fusion_layers, "co-attention layers per side (0: preset)")
+      .add("patch-size", &c.patch_size, "ViT patch size in pixels (0: preset)")
+      .add("dropout", &c.dropout, "dropout probability (< 0: preset)")
+      .add("epochs", &c.epochs, "training epochs")
+      .add("global-batch", &c.global_batch, "samples per optimiser step over all ranks")
+      .add("batch-per-rank", &c.batch_per_rank, "samples per forward/backward on one rank")
+      .add("lr", &c.lr, "peak learning rate of the encoders (AdamW)")
+      .add("lr-fusion-multiplier", &c.lr_fusion_multiplier, "fusion layers' lr = lr x this")
+      .add("lr-head-multiplier", &c.lr_head_multiplier, "VQA head's lr = lr x this")
+      .add("weight-decay", &c.weight_decay, "AdamW weight decay (none on biases and norm weights)")
+      .add("warmup-ratio", &c.warmup_ratio,
+           "share of optimiser steps with linear warm-up, then linear decay to 0")
+      .add("grad-clip", &c.grad_clip, "clip the global gradient norm to this (0: off)")
+      .add("seed", &c.seed, "seed for initialisation, shuffling and dropout")
+      .add("device", &c.device, "auto | cpu | cuda (GPU = local rank)")
+      .add("backend", &c.backend, "gradient communicator: auto (from --device) | mpi | nccl")
+      .add("threads", &c.threads, "CPU threads per rank (0: host cores / ranks on the host)")
+      .add("bucket-mb", &c.bucket_mb, "gradient bucket size in MiB for the overlapped allreduce")
+      .add("bf16-allreduce", &c.bf16_allreduce, "send gradients as bfloat16 (half the bytes)")
+      .add("bf16-autocast", &c.bf16_autocast, "bfloat16 autocast for the forward pass (GPU only)")
+      .add("no-comm", &c.no_comm, "benchmark only: skip the gradient allreduce (ranks diverge)")
+      .add("comm-timeout", &c.comm_timeout,
+           "seconds a collective may wait: a warning names the ranks that have not arrived at "
+           "half of it, the job aborts at it (0: no deadline)")
+      .add("eval-every", &c.eval_every, "evaluate every N epochs (0: never)")
+      .add("save-every", &c.save_every, "write a checkpoint every N epochs (0: never)")
+      .add("keep-checkpoints", &c.keep_checkpoints,
+           "keep the newest N checkpoints, deleting older ones (0: keep all; best_model.pt is "
+           "always kept)")
+      .add("max-steps-per-epoch", &c.max_steps_per_epoch,
+           "stop each epoch after N optimiser steps (0: all)")
+      .add("log-every-steps", &c.log_every_steps,
+           "print a progress line every N optimiser steps (0: per epoch)")
+      .add("progress", &c.progress,
+           "progress bar on rank 0: auto (stdout is a terminal and not under mpirun, whose "
+           "ranks always get a pseudo-terminal) | on | off")
+      .add("phase-timers", &c.phase_timers,
+           "time each step's phases on every rank; epoch summary and diagnosis on rank 0")
+      .add("timeline", &c.timeline,
+           "write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) to this file")
+      .add("timeline-first-step", &c.timeline_first_step, "first optimiser step in the timeline")
+      .add("timeline-steps", &c.timeline_steps, "optimiser steps in the timeline")
+      .add("nonfinite", &c.nonfinite,
+           "a non-finite loss or gradient: stop (end the job naming the step and the first bad "
+           "parameter) | skip (drop that optimiser step, warn) | off (no check)")
+      .add("test-nan-step", &c.faults.nan_step,
+           "testing only: rank 1 (rank 0 when alone) gets a NaN loss at this optimiser step")
+      .add("test-slow-rank", &c.faults.slow_rank,
+           "testing only: this rank spends --test-slow-ms more per micro-step in forward")
+      .add("test-slow-ms", &c.faults.slow_ms, "testing only: see --test-slow-rank")
+      .add("test-data-delay-ms", &c.faults.data_delay_ms,
+           "testing only: every rank waits this long more for each batch")
+      .add("out", &c.out, "run directory: log, metrics, config, checkpoints")
+      .add("resume", &c.resume,
+           "'' (start fresh), 'auto' (latest checkpoint in --out if any) or a checkpoint file")
+      .config_file_option("config");
 }
-template <typename Integer>
-std::string to_text(Integer value) {
-  return std::to_string(value);
-}
-
-// The option table, bound to one TrainConfig's fields. Each option is
-// declared here once; help, INI parsing, defaults and the saved config all
-// come from it.
-class OptionTable {
- public:
-  explicit OptionTable(TrainConfig& c) : options_("vqa_train options") {
-    add("config", &c.config_file,
-        "INI file with any of these options (key = value); the command line wins");
-    add("train-data", &c.train_data, "HDF5 dataset made by vqa_prep (train split)");
-    add("test-data", &c.test_data,
-        "HDF5 dataset for evaluation (test split); default: --train-data");
-    add("prefetch-depth", &c.prefetch_depth, "batches the loader thread prepares ahead");
-    add("drop-last", &c.drop_last,
-        "drop the tail that does not fill every rank instead of wrapping around");
-    add("preset", &c.preset, "model size: tiny | small | base");
-    add("hidden", &c.hidden, "hidden size (0: preset)");
-    add("heads", &c.heads, "attention heads (0: preset)");
-    add("ffn", &c.ffn, "feed-forward size (0: preset)");
-    add("vision-layers", &c.vision_layers, "ViT layers (0: preset)");
-    add("text-layers", &c.text_layers, "text encoder layers (0: preset)");
-    add("fusion-layers", &c.fusion_layers, "co-attention layers per side (0: preset)");
-    add("patch-size", &c.patch_size, "ViT patch size in pixels (0: preset)");
-    add("dropout", &c.dropout, "dropout probability (< 0: preset)");
-    add("epochs", &c.epochs, "training epochs");
-    add("global-batch", &c.global_batch, "samples per optimiser step over all ranks");
-    add("batch-per-rank", &c.batch_per_rank, "samples per forward/backward on one rank");
-    add("lr", &c.lr, "peak learning rate of the encoders (AdamW)");
-    add("lr-fusion-multiplier", &c.lr_fusion_multiplier, "fusion layers' lr = lr x this");
-    add("lr-head-multiplier", &c.lr_head_multiplier, "VQA head's lr = lr x this");
-    add("weight-decay", &c.weight_decay, "AdamW weight decay (none on biases and norm weights)");
-    add("warmup-ratio", &c.warmup_ratio,
-        "share of optimiser steps with linear warm-up, then linear decay to 0");
-    add("grad-clip", &c.grad_clip, "clip the global gradient norm to this (0: off)");
-    add("seed", &c.seed, "seed for initialisation, shuffling and dropout");
-    add("device", &c.device, "auto | cpu | cuda (GPU = local rank)");
-    add("backend", &c.backend, "gradient communicator: auto (from --device) | mpi | nccl");
-    add("threads", &c.threads, "CPU threads per rank (0: host cores / ranks on the host)");
-    add("bucket-mb", &c.bucket_mb, "gradient bucket size in MiB for the overlapped allreduce");
-    add("bf16-allreduce", &c.bf16_allreduce, "send gradients as bfloat16 (half the bytes)");
-    add("bf16-autocast", &c.bf16_autocast, "bfloat16 autocast for the forward pass (GPU only)");
-    add("no-comm", &c.no_comm, "benchmark only: skip the gradient allreduce (ranks diverge)");
-    add("comm-timeout", &c.comm_timeout,
-        "seconds a collective may wait: a warning names the ranks that have not arrived at "
-        "half of it, the job aborts at it (0: no deadline)");
-    add("eval-every", &c.eval_every, "evaluate every N epochs (0: never)");
-    add("save-every", &c.save_every, "write a checkpoint every N epochs (0: never)");
-    add("keep-checkpoints", &c.keep_checkpoints,
-        "keep the newest N checkpoints, deleting older ones (0: keep all; best_model.pt is "
-        "always kept)");
-    add("max-steps-per-epoch", &c.max_steps_per_epoch,
-        "stop each epoch after N optimiser steps (0: all)");
-    add("log-every-steps", &c.log_every_steps,
-        "print a progress line every N optimiser steps (0: per epoch)");
-    add("progress", &c.progress,
-        "progress bar on rank 0: auto (stdout is a terminal and not under mpirun, whose ranks "
-        "always get a pseudo-terminal) | on | off");
-    add("phase-timers", &c.phase_timers,
-        "time each step's phases on every rank; epoch summary and diagnosis on rank 0");
-    add("timeline", &c.timeline,
-        "write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) to this file");
-    add("timeline-first-step", &c.timeline_first_step, "first optimiser step in the timeline");
-    add("timeline-steps", &c.timeline_steps, "optimiser steps in the timeline");
-    add("nonfinite", &c.nonfinite,
-        "a non-finite loss or gradient: stop (end the job naming the step and the first bad "
-        "parameter) | skip (drop that optimiser step, warn) | off (no check)");
-    add("test-nan-step", &c.test_nan_step,
-        "testing only: rank 1 (rank 0 when alone) gets a NaN loss at this optimiser step");
-    add("test-slow-rank", &c.test_slow_rank,
-        "testing only: this rank spends --test-slow-ms more per micro-step in forward");
-    add("test-slow-ms", &c.test_slow_ms, "testing only: see --test-slow-rank");
-    add("test-data-delay-ms", &c.test_data_delay_ms,
-        "testing only: every rank waits this long more for each batch");
-    add("out", &c.out, "run directory: log, metrics, config, checkpoints");
-    add("resume", &c.resume,
-        "'' (start fresh), 'auto' (latest checkpoint in --out if any) or a checkpoint file");
-    options_.add_options()("help,h", "print this help and exit");
-  }
-
-  const po::options_description& options() const { return options_; }
-
-  std::map<std::string, std::string> values() const {
-    std::map<std::string, std::string> result;
-    for (const auto& [name, print] : printers_) result[name] = print();
-    return result;
-  }
-
- private:
-  template <typename T>
-  void add(const char* name, T* field, const char* help) {
-    auto* semantic = po::value(field)->default_value(*field, to_text(*field));
-    if constexpr (std::is_same_v<T, bool>) semantic->implicit_value(true, "true");
-    options_.add_options()(name, semantic, help);
-    if (std::string(name) != "config")
-      printers_.emplace_back(name, [field] { return to_text(*field); });
-  }
-
-  po::options_description options_;
-  std::vector<std::pair<std::string, std::function<std::string()>>> printers_;
-};
 
 }  // namespace
 
 bool config_parse(int argc, char** argv, int rank, TrainConfig& config) {
-  OptionTable table(config);
-  po::variables_map vm;
+  util::OptionTable table("vqa_train options");
+  declare_options(table, config);
   try {
-    po::store(po::parse_command_line(argc, argv, table.options()), vm);
-    const std::string path = vm.count("config") ? vm["config"].as<std::string>() : "";
-    if (!path.empty()) {
-      std::ifstream file(path);
-      if (!file) runtime::fatal_user_error("--config: cannot open '" + path + "'");
-      po::store(po::parse_config_file(file, table.options()), vm);
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
+    if (table.parse(argc, argv)) return true;
+  } catch (const util::OptionError& e) {
     runtime::fatal_user_error(std::string("vqa_train: ") + e.what() + " (see --help)");
   }
-  if (vm.count("help")) {
-    if (rank == 0) std::cout << table.options() << std::endl;
-    return false;
-  }
-  return true;
+  if (rank == 0) table.print_help(stdout, "usage: vqa_train --train-data FILE [options]");
+  return false;
 }
 
 void config_finalize(TrainConfig& c, int world_size) {
@@ -172,11 +120,12 @@ void config_finalize(TrainConfig& c, int world_size) {
                      std::to_string(per_micro_step) + "; choose a global batch that divides");
   }
   c.accumulation_steps = c.global_batch / per_micro_step;
-  if (c.lr <= 0) fatal_user_error("--lr must be > 0, got " + to_text(c.lr));
+  if (c.lr <= 0) fatal_user_error("--lr must be > 0, got " + option_text(c.lr));
   if (c.warmup_ratio < 0 || c.warmup_ratio > 1) {
-    fatal_user_error("--warmup-ratio must be in [0, 1], got " + to_text(c.warmup_ratio));
+    fatal_user_error("--warmup-ratio must be in [0, 1], got " + option_text(c.warmup_ratio));
   }
-  if (c.bucket_mb <= 0) fatal_user_error("--bucket-mb must be > 0, got " + to_text(c.bucket_mb));
+  if (c.bucket_mb <= 0)
+    fatal_user_error("--bucket-mb must be > 0, got " + option_text(c.bucket_mb));
   if (c.prefetch_depth < 1) {
     fatal_user_error("--prefetch-depth must be >= 1, got " + std::to_string(c.prefetch_depth));
   }
@@ -198,7 +147,7 @@ void config_finalize(TrainConfig& c, int world_size) {
   if (c.nonfinite != "stop" && c.nonfinite != "skip" && c.nonfinite != "off") {
     fatal_user_error("--nonfinite must be stop, skip or off, got '" + c.nonfinite + "'");
   }
-  if (c.test_slow_ms < 0 || c.test_data_delay_ms < 0) {
+  if (c.faults.slow_ms < 0 || c.faults.data_delay_ms < 0) {
     fatal_user_error("--test-slow-ms and --test-data-delay-ms must be >= 0");
   }
   for (const char* device : {"auto", "cpu", "cuda"}) {
@@ -209,12 +158,15 @@ void config_finalize(TrainConfig& c, int world_size) {
 
 std::string config_to_ini(const TrainConfig& config) {
   TrainConfig copy = config;
-  OptionTable table(copy);
+  util::OptionTable table("vqa_train options");
+  declare_options(table, copy);
+  auto values = table.values();
+  std::sort(values.begin(), values.end());
   std::ostringstream text;
   text << "# vqa_train resolved configuration (read it back with --config)\n";
   text << "# ranks = " << config.world_size
        << ", gradient accumulation steps = " << config.accumulation_steps << "\n";
-  for (const auto& [name, value] : table.values()) text << name << " = " << value << "\n";
+  for (const auto& [name, value] : values) text << name << " = " << value << "\n";
   return text.str();
 }
 

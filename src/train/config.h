@@ -9,6 +9,16 @@
 
 namespace vqa::train {
 
+// Test-only fault injection, for the tests of the diagnosis, of non-finite
+// values and of preemption; settable from the command line (--test-*) like
+// every other option, never set in a real run.
+struct FaultInjection {
+  int64_t nan_step = -1;  // rank 1's (rank 0 alone) loss becomes NaN at this optimiser step
+  int slow_rank = -1;     // this rank spends slow_ms more per micro-step in forward
+  double slow_ms = 0.0;
+  double data_delay_ms = 0.0;  // every rank waits this long more for each batch
+};
+
 struct TrainConfig {
   // data
   std::string train_data;  // HDF5 file made by vqa_prep
@@ -38,7 +48,7 @@ struct TrainConfig {
   double bucket_mb = 25.0;
   bool bf16_allreduce = false;
   bool bf16_autocast = false;  // GPU only
-  bool no_comm = false;        // benchmark only: skip the gradient allreduce
+  bool no_comm = false;        // benchmark only: skip the gradient allreduce (ranks diverge)
   double comm_timeout = runtime::kDefaultCollectiveTimeoutSeconds;  // per collective; 0: none
   // loop, evaluation, output
   int eval_every = 1;
@@ -51,16 +61,11 @@ struct TrainConfig {
   std::string timeline;              // Chrome trace-event JSON file; "" none
   int64_t timeline_first_step = 10;  // first global optimiser step in the timeline
   int64_t timeline_steps = 5;        // optimiser steps in the timeline
-  // Test-only fault injection (the diagnosis tests): extra compute time per
-  // micro-step on one rank, and extra data-loading time on every rank.
-  std::string nonfinite = "stop";  // stop | skip | off: a non-finite loss or gradient
-  int64_t test_nan_step = -1;      // testing only: rank 1's loss becomes NaN at this step
-  int test_slow_rank = -1;
-  double test_slow_ms = 0.0;
-  double test_data_delay_ms = 0.0;
+  std::string nonfinite = "stop";    // stop | skip | off: a non-finite loss or gradient
   std::string out = "runs/quickstart";
   std::string resume;  // "" none, "auto" latest in --out, or a checkpoint file
   std::string config_file;
+  FaultInjection faults;  // --test-* options
 
   // Derived, filled by config_finalize.
   int world_size = 1;

@@ -1,16 +1,9 @@
 #include "train/gradient_sync.h"
 
-#include <chrono>
-
 #include "runtime/check.h"  // VQA_CHECK
+#include "util/clock.h"     // SteadyClock, steady_seconds, seconds_since
 
 namespace vqa::train {
-
-namespace {
-double steady_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
 
 GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
                                            runtime::Communicator& comm,
@@ -105,11 +98,11 @@ void GradientSynchronizer::on_gradient(int64_t index, const torch::Tensor& grad)
 }
 
 void GradientSynchronizer::launch_ready_buckets() {
-  if (!options_.enabled) return;
+  if (options_.skip_allreduce) return;
   while (next_to_launch_ < static_cast<int64_t>(buckets_.size()) &&
          buckets_[next_to_launch_].pending == 0) {
     Bucket& bucket = buckets_[next_to_launch_++];
-    bucket.launched = steady_seconds();
+    bucket.launched = util::steady_seconds();
     if (options_.bf16) {
       bucket.wire.copy_(bucket.flat);
       bucket.work = comm_.allreduce_async(bucket.wire, runtime::ReduceOp::kAverage);
@@ -140,11 +133,10 @@ void GradientSynchronizer::finish_backward() {
   reported_unused_ = true;
   launch_ready_buckets();
 
-  if (options_.enabled) {
-    const auto start = std::chrono::steady_clock::now();
+  if (!options_.skip_allreduce) {
+    const auto start = util::SteadyClock::now();
     for (auto& bucket : buckets_) bucket.work->wait();
-    stats_.exposed_wait_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    stats_.exposed_wait_seconds += util::seconds_since(start);
     double busy = 0.0;
     bool timed = true;
     for (const auto& bucket : buckets_) {

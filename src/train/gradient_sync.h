@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/communicator.h"  // Communicator, WorkHandle
@@ -28,8 +29,8 @@ struct NamedTensor {
 
 struct GradientSyncOptions {
   double bucket_mb = 25.0;
-  bool bf16 = false;    // send gradients as bfloat16
-  bool enabled = true;  // false: no communication at all (benchmarks of exposed comm)
+  bool bf16 = false;            // send gradients as bfloat16
+  bool skip_allreduce = false;  // benchmarks of exposed communication only: no communication
 };
 
 struct GradientSyncStats {
@@ -80,8 +81,9 @@ class GradientSynchronizer {
   // sum per bucket, read once (the exact check only when a sum is not finite).
   bool gradients_finite() const;
 
-  // Names of parameters that received no gradient on the first sync step.
-  const std::vector<std::string>& unused_parameters() const { return unused_names_; }
+  // Names of parameters that received no gradient on the first sync step,
+  // handed over once: later calls return nothing.
+  std::vector<std::string> take_unused_parameters() { return std::move(unused_names_); }
   const GradientSyncStats& stats() const { return stats_; }
   // Bucket sizes in bytes, in launch order.
   std::vector<int64_t> bucket_bytes() const;

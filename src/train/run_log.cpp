@@ -22,6 +22,27 @@ void RunLog::info(const std::string& line) {
   text_.flush();
 }
 
+void RunLog::warn(const std::string& line) {
+  if (!writer_) return;
+  std::fflush(stdout);  // keeps the order of stdout and stderr lines in a merged log
+  std::fprintf(stderr, "[vqa] warning: %s\n", line.c_str());
+  std::fflush(stderr);
+  text_ << "warning: " << line << "\n";
+  text_.flush();
+}
+
+void RunLog::progress(const std::string& line) {
+  if (!writer_) return;
+  std::printf("\r%s", line.c_str());
+  std::fflush(stdout);
+}
+
+void RunLog::clear_progress() {
+  if (!writer_) return;
+  std::printf("\r%80s\r", "");
+  std::fflush(stdout);
+}
+
 void RunLog::epoch_header() {
   char line[256];
   std::snprintf(line, sizeof(line), "%5s %8s %8s %8s %9s %10s %8s %10s", "epoch", "overall", "open",

@@ -1,6 +1,9 @@
-// Rank 0's record of a run: the per-epoch table on stdout and in
-// <out>/train.log, the same numbers as JSON lines in <out>/metrics.jsonl.
-// Other ranks hold a RunLog that writes nothing.
+// Rank 0's record of a run: every line the job prints while it trains (the
+// per-epoch table, the step report, progress lines, warnings) goes through
+// here, to stdout (warnings to stderr) and to <out>/train.log; the epoch
+// numbers also go to <out>/metrics.jsonl as one JSON object per epoch.
+// Other ranks hold a RunLog that writes nothing, so callers need not ask
+// which rank they are on. Main thread.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -8,7 +11,7 @@
 #include <fstream>
 #include <string>
 
-#include "train/trainer.h"  // EpochStats, EvalStats
+#include "train/run_state.h"  // EpochStats, EvalStats
 
 namespace vqa::train {
 
@@ -16,8 +19,16 @@ class RunLog {
  public:
   RunLog(const std::string& out_dir, bool writer);
 
+  bool writer() const { return writer_; }
   // A line for stdout and train.log.
   void info(const std::string& line);
+  // "[vqa] warning: LINE" on stderr and in train.log.
+  void warn(const std::string& line);
+  // An in-place progress bar line on stdout only (a terminal; never logged).
+  // clear_progress() wipes it.
+  void progress(const std::string& line);
+  void clear_progress();
+
   void epoch_header();
   // eval may be null when this epoch was not evaluated; step_report (the
   // phase breakdown and diagnosis, epoch_report_json) is merged into the

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
-#include "runtime/check.h"         // fatal_user_error
-#include "runtime/communicator.h"  // cuda_device_count
-#include "runtime/distributed.h"   // distributed_gather_strings, distributed_rank_info
+#include "runtime/check.h"        // fatal_user_error
+#include "runtime/distributed.h"  // distributed_gather_strings, distributed_broadcast_bytes
+#include "runtime/system_info.h"  // blas_description
+#include "train/checkpoint.h"     // checkpoint_latest, checkpoint_load
+#include "util/durable_file.h"    // write_file_atomically
 
 namespace vqa::train {
 
@@ -174,6 +177,150 @@ model::ModelConfig setup_model_config(const TrainConfig& config, const data::Dat
     }
   }
   return model;
+}
+
+bool run_already_complete(const TrainConfig& config, const runtime::RankInfo& rank) {
+  std::vector<char> done(1, 0);
+  if (rank.rank == 0 && config.resume == "auto") {
+    std::ifstream marker(std::filesystem::path(config.out) / "DONE");
+    std::string word;
+    int64_t epochs = -1;
+    done[0] = (marker >> word >> epochs) && word == "epochs" && epochs >= config.epochs ? 1 : 0;
+  }
+  runtime::distributed_broadcast_bytes(done, /*root=*/0);
+  return done[0] != 0;
+}
+
+data::ShardedLoader open_loader(const std::string& path, const std::string& split,
+                                const TrainConfig& config, const runtime::RankInfo& rank) {
+  const bool train = split == "train";
+  data::LoaderOptions options;
+  options.batch_per_rank = config.batch_per_rank;
+  options.seed = config.seed;
+  options.shuffle = train;
+  options.drop_last = train && config.drop_last;
+  options.prefetch_depth = config.prefetch_depth;
+  options.rank = rank.rank;
+  options.world_size = rank.world_size;
+  try {
+    return data::ShardedLoader(path, split, options);
+  } catch (const std::exception& e) {
+    runtime::fatal_user_error(e.what());
+  }
+}
+
+int64_t steps_per_epoch_or_exit(const data::ShardedLoader& train_loader,
+                                const TrainConfig& config) {
+  const int64_t steps = optimizer_steps_per_epoch(train_loader, config);
+  if (steps < 1) {
+    runtime::fatal_user_error("the train split of " + config.train_data + " has " +
+                              std::to_string(train_loader.info().num_questions) +
+                              " questions, fewer than one --global-batch of " +
+                              std::to_string(config.global_batch));
+  }
+  return steps;
+}
+
+std::vector<NamedTensor> trainable_parameters(model::M3AE& model) {
+  std::vector<NamedTensor> parameters;
+  for (const auto& item : model->named_parameters()) {
+    if (item.value().requires_grad()) parameters.push_back({item.key(), item.value()});
+  }
+  return parameters;
+}
+
+OptimizerSettings optimizer_settings_from(const TrainConfig& config, int64_t total_steps) {
+  OptimizerSettings settings;
+  settings.lr = config.lr;
+  settings.fusion_multiplier = config.lr_fusion_multiplier;
+  settings.head_multiplier = config.lr_head_multiplier;
+  settings.weight_decay = config.weight_decay;
+  settings.warmup_ratio = config.warmup_ratio;
+  settings.total_steps = total_steps;
+  return settings;
+}
+
+GradientSyncOptions gradient_sync_options_from(const TrainConfig& config) {
+  GradientSyncOptions options;
+  options.bucket_mb = config.bucket_mb;
+  options.bf16 = config.bf16_allreduce;
+  options.skip_allreduce = config.no_comm;
+  return options;
+}
+
+AllreduceProbe allreduce_probe_for(const TrainConfig& config, runtime::Communicator& comm,
+                                   const GradientSynchronizer& gradients,
+                                   const torch::Device& device) {
+  AllreduceProbe probe;
+  const auto sizes = gradients.bucket_bytes();
+  probe.bytes = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
+  if (config.phase_timers && !config.no_comm) {
+    probe.bus_gbps = allreduce_probe_bus_gbps(comm, probe.bytes, device);
+  }
+  return probe;
+}
+
+std::string resume_if_asked(const TrainConfig& config, model::M3AE& model, VqaOptimizer& optimizer,
+                            TrainState& state, RunLog& log) {
+  const std::string path =
+      config.resume == "auto" ? checkpoint_latest(config.out, log) : config.resume;
+  if (path.empty()) return path;
+  try {
+    checkpoint_load(path, model, optimizer, state, log);
+  } catch (const std::exception& e) {
+    runtime::fatal_user_error(std::string("--resume: ") + e.what());
+  }
+  return path;
+}
+
+void save_resolved_config(const TrainConfig& config, const std::string& config_ini,
+                          const runtime::RankInfo& rank) {
+  if (rank.rank != 0) return;
+  std::filesystem::create_directories(config.out);
+  util::write_file_atomically((std::filesystem::path(config.out) / "config.ini").string(),
+                              config_ini);
+  std::printf("%s", config_ini.c_str());
+}
+
+void report_run_start(const TrainingParts& parts, const data::ShardedLoader& train_loader,
+                      const data::ShardedLoader& test_loader,
+                      const model::ModelConfig& model_config, const AllreduceProbe& probe,
+                      const std::string& resumed_from, const TrainState& state) {
+  const TrainConfig& config = parts.config;
+  RunLog& log = parts.log;
+  const auto& dataset = train_loader.info();
+  const int world_size = parts.comm.world_size();
+  log.info("vqa_train: " + std::to_string(world_size) + " rank(s), device " + parts.device.str() +
+           ", " + std::to_string(torch::get_num_threads()) + " thread(s)/rank, communicator " +
+           runtime::backend_name(parts.comm.backend()) + ", BLAS: " + runtime::blas_description());
+  log.info("model: " + model::model_config_describe(model_config) + ", " +
+           std::to_string(model::parameter_count(*parts.model)) + " parameters");
+  log.info("data: " + std::to_string(dataset.num_questions) + " train / " +
+           std::to_string(test_loader.info().num_questions) +
+           " test questions, K=" + std::to_string(dataset.num_answers) + " answers; global batch " +
+           std::to_string(config.global_batch) + " = " + std::to_string(config.batch_per_rank) +
+           " per rank x " + std::to_string(world_size) + " ranks x " +
+           std::to_string(config.accumulation_steps) + " accumulation step(s); " +
+           std::to_string(optimizer_steps_per_epoch(train_loader, config)) +
+           " optimiser steps per epoch");
+  const auto& sync = parts.gradients.stats();
+  log.info("gradients: " + std::to_string(sync.buckets) + " bucket(s), " +
+           std::to_string(sync.bytes_per_step) + " bytes per step" +
+           (config.no_comm ? " (communication OFF)" : ""));
+  if (probe.bus_gbps > 0) {
+    char line[160];
+    std::snprintf(line, sizeof(line),
+                  "allreduce probe: %.1f MB (the largest bucket) at %.2f GB/s bus bandwidth",
+                  probe.bytes / 1e6, probe.bus_gbps);
+    log.info(line);
+  }
+  if (!resumed_from.empty()) {
+    log.info("resumed from " + resumed_from + " at epoch " + std::to_string(state.next_epoch) +
+             (state.step_in_epoch > 0
+                  ? " (after " + std::to_string(state.step_in_epoch) + " of its optimiser steps)"
+                  : std::string()) +
+             ", global step " + std::to_string(state.global_step));
+  }
 }
 
 }  // namespace vqa::train

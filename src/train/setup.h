@@ -1,4 +1,6 @@
-// Start-up steps of vqa_train that main() reads as one line each.
+// Start-up steps of vqa_train that main() reads as one line each: before the
+// communicator exists they talk to the other ranks through the runtime's
+// start-up functions (distributed.h); nothing here runs once training starts.
 #pragma once
 
 #include <torch/torch.h>
@@ -6,10 +8,18 @@
 #include <string>
 #include <vector>
 
-#include "data/loader.h"          // DatasetInfo
-#include "model/m3ae.h"           // ModelConfig
-#include "runtime/distributed.h"  // RankInfo
-#include "train/config.h"         // TrainConfig
+#include "data/dataset_info.h"     // DatasetInfo
+#include "data/loader.h"           // ShardedLoader
+#include "model/m3ae.h"            // M3AE, ModelConfig
+#include "runtime/communicator.h"  // Communicator
+#include "runtime/distributed.h"   // RankInfo
+#include "train/config.h"          // TrainConfig
+#include "train/gradient_sync.h"   // GradientSynchronizer, GradientSyncOptions, NamedTensor
+#include "train/optimizer.h"       // VqaOptimizer, OptimizerSettings
+#include "train/run_log.h"         // RunLog
+#include "train/run_state.h"       // TrainState
+#include "train/step_report.h"     // AllreduceProbe
+#include "train/trainer.h"         // TrainingParts
 
 namespace vqa::train {
 
@@ -34,5 +44,50 @@ void require_same_files_on_all_ranks(const std::vector<std::string>& paths);
 // The preset, with the job's size flags and the dataset's vocabulary, answer
 // count, image size or feature shape filled in.
 model::ModelConfig setup_model_config(const TrainConfig& config, const data::DatasetInfo& dataset);
+
+// With --resume auto: true when <out>/DONE says a run of at least --epochs
+// epochs completed there. Rank 0 reads it and tells every rank, so the run
+// directory need not be shared. Collective.
+bool run_already_complete(const TrainConfig& config, const runtime::RankInfo& rank);
+
+// The loader of `split` ("train" shuffled, "test" in file order) for this
+// rank; a bad file ends the job with the loader's message (exit 2).
+// Collective (the file is opened through MPI-IO).
+data::ShardedLoader open_loader(const std::string& path, const std::string& split,
+                                const TrainConfig& config, const runtime::RankInfo& rank);
+
+// Optimiser steps per epoch of the train split; ends the job when the split
+// does not fill one --global-batch.
+int64_t steps_per_epoch_or_exit(const data::ShardedLoader& train_loader, const TrainConfig& config);
+
+// The model's parameters that require a gradient, in registration order.
+std::vector<NamedTensor> trainable_parameters(model::M3AE& model);
+
+OptimizerSettings optimizer_settings_from(const TrainConfig& config, int64_t total_steps);
+GradientSyncOptions gradient_sync_options_from(const TrainConfig& config);
+
+// The start-up allreduce probe of the largest gradient bucket (bus
+// bandwidth), or none with --phase-timers false or --no-comm. Collective.
+AllreduceProbe allreduce_probe_for(const TrainConfig& config, runtime::Communicator& comm,
+                                   const GradientSynchronizer& gradients,
+                                   const torch::Device& device);
+
+// --resume: loads the checkpoint it names (with "auto", the newest intact one
+// in <out>/checkpoints, or none) into model, optimiser and state; returns its
+// path, "" when starting afresh. A bad file ends the job naming it (exit 2).
+std::string resume_if_asked(const TrainConfig& config, model::M3AE& model, VqaOptimizer& optimizer,
+                            TrainState& state, RunLog& log);
+
+// Rank 0 saves the resolved configuration as <out>/config.ini (durably) and
+// prints it.
+void save_resolved_config(const TrainConfig& config, const std::string& config_ini,
+                          const runtime::RankInfo& rank);
+
+// The run's description for the log: ranks, device, threads, BLAS, model,
+// data and batch arithmetic, gradient buckets, the probe, where it resumed.
+void report_run_start(const TrainingParts& parts, const data::ShardedLoader& train_loader,
+                      const data::ShardedLoader& test_loader,
+                      const model::ModelConfig& model_config, const AllreduceProbe& probe,
+                      const std::string& resumed_from, const TrainState& state);
 
 }  // namespace vqa::train

@@ -1,12 +1,11 @@
 #include "train/step_report.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <sstream>
 
-#include "runtime/check.h"        // VQA_CHECK
-#include "runtime/distributed.h"  // distributed_gather_strings, distributed_max
+#include "runtime/check.h"  // VQA_CHECK
+#include "util/clock.h"     // SteadyClock, seconds_since
 
 namespace vqa::train {
 
@@ -37,17 +36,14 @@ double allreduce_probe_bus_gbps(runtime::Communicator& comm, int64_t bytes,
   std::vector<double> seconds;
   for (int i = 0; i <= repeats; ++i) {
     comm.barrier();
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = util::SteadyClock::now();
     comm.allreduce(buffer, runtime::ReduceOp::kAverage);
     buffer[0].item<float>();  // on a GPU: waits for the allreduce to finish
-    const double elapsed =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double elapsed = util::seconds_since(start);
     if (i > 0) seconds.push_back(elapsed);  // the first is the warm-up
   }
   // Every rank reports the slowest rank's time, as the benchmark does.
-  const double median = summarize(seconds).p50;
-  const double slowest =
-      static_cast<double>(runtime::distributed_max(static_cast<int64_t>(median * 1e9))) / 1e9;
+  const double slowest = comm.max(summarize(seconds).p50);
   return allreduce_bus_gbps(buffer.nbytes(), comm.world_size(), slowest);
 }
 
@@ -75,16 +71,17 @@ RankSummary rank_summary_build(int rank, const std::vector<StepTimes>& steps,
   return summary;
 }
 
-std::vector<RankSummary> rank_summaries_gather(const RankSummary& mine) {
+std::vector<RankSummary> rank_summaries_gather(runtime::Communicator& comm,
+                                               const RankSummary& mine) {
   std::ostringstream text;
   text.precision(17);
   text << mine.rank << ' ' << mine.steps << ' ' << mine.step_mean << ' ' << mine.step_p50 << ' '
        << mine.step_p95 << ' ' << mine.own_mean << ' ' << mine.samples_per_second << ' '
        << mine.eval_seconds << ' ' << mine.allreduce_seconds;
   for (double mean : mine.phase_mean) text << ' ' << mean;
-  const auto all = runtime::distributed_gather_strings(text.str());
+  const auto all = comm.gather_strings(text.str());
   std::vector<RankSummary> summaries;
-  if (runtime::distributed_rank_info().rank != 0) return summaries;
+  if (comm.rank() != 0) return summaries;
   for (const auto& line : all) {
     std::istringstream in(line);
     RankSummary summary;

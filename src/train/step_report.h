@@ -82,7 +82,8 @@ struct EpochReport {
 
 // Collective: every rank passes its summary; rank 0 gets every rank's (in
 // rank order), the others an empty vector.
-std::vector<RankSummary> rank_summaries_gather(const RankSummary& mine);
+std::vector<RankSummary> rank_summaries_gather(runtime::Communicator& comm,
+                                               const RankSummary& mine);
 
 // Rank 0: the report from every rank's summary and the job-wide numbers.
 EpochReport epoch_report_build(int64_t epoch, bool gpu, const std::vector<RankSummary>& ranks,
@@ -101,6 +102,13 @@ nlohmann::json epoch_report_json(const EpochReport& report);
 
 // busbw in GB/s of an allreduce of `bytes` on `ranks` ranks that took `seconds`.
 double allreduce_bus_gbps(int64_t bytes, int ranks, double seconds);
+
+// The start-up probe's result: bus bandwidth of an allreduce of `bytes`
+// (0: not measured).
+struct AllreduceProbe {
+  double bus_gbps = 0.0;
+  int64_t bytes = 0;
+};
 
 // The start-up probe: the median of `repeats` blocking float32 average-
 // allreduces of `bytes` on `device` through `comm`, after one warm-up, as bus

@@ -4,8 +4,7 @@
 
 #include <filesystem>
 
-#include "runtime/distributed.h"  // distributed_gather_strings, distributed_rank_info
-#include "train/checkpoint.h"     // write_file_atomically
+#include "util/durable_file.h"  // write_file_atomically
 
 namespace vqa::train {
 
@@ -50,10 +49,10 @@ void Timeline::add_collective(int64_t step, int64_t bucket, int64_t bytes, doubl
                         .dump());
 }
 
-void Timeline::write(const std::string& host) {
+void Timeline::write(runtime::Communicator& comm, const std::string& host) {
   if (!active()) return;
   written_ = true;
-  const int rank = runtime::distributed_rank_info().rank;
+  const int rank = comm.rank();
   // One string per rank: its events as a JSON array, the process id filled in.
   nlohmann::json mine = nlohmann::json::array();
   mine.push_back({{"name", "process_name"},
@@ -78,7 +77,7 @@ void Timeline::write(const std::string& host) {
     mine.push_back(std::move(event));
   }
   events_.clear();
-  const auto all = runtime::distributed_gather_strings(mine.dump());
+  const auto all = comm.gather_strings(mine.dump());
   if (rank != 0) return;
   nlohmann::json events = nlohmann::json::array();
   for (const auto& text : all) {
@@ -87,7 +86,7 @@ void Timeline::write(const std::string& host) {
   const nlohmann::json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
   const auto parent = std::filesystem::path(path_).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  write_file_atomically(path_, trace.dump() + "\n");
+  util::write_file_atomically(path_, trace.dump() + "\n");
 }
 
 }  // namespace vqa::train

@@ -14,7 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "train/step_timer.h"  // StepTimes
+#include "runtime/communicator.h"  // Communicator: gather_strings
+#include "train/step_timer.h"      // StepTimes
 
 namespace vqa::train {
 
@@ -34,7 +35,7 @@ class Timeline {
 
   // Collective over every rank: gathers the events to rank 0, which writes
   // the file. Later calls do nothing.
-  void write(const std::string& host);
+  void write(runtime::Communicator& comm, const std::string& host);
 
  private:
   std::string path_;

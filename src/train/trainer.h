@@ -1,66 +1,42 @@
-// One epoch of data-parallel training and one distributed evaluation, as free
-// functions over the model, the loaders, the optimiser and the communicator.
+// One epoch of data-parallel training, as free functions over the parts
+// main() builds: each optimiser step (train_step) runs its micro-steps'
+// forward and backward while the gradient buckets are averaged, then the
+// non-finite check, clipping and the optimiser.
 #pragma once
 
 #include <torch/torch.h>
 
-#include "data/loader.h"           // ShardedLoader, Batch
+#include "data/loader.h"           // ShardedLoader
 #include "model/m3ae.h"            // M3AE
 #include "runtime/communicator.h"  // Communicator
 #include "runtime/stop_request.h"  // StopAgreement
-#include "train/config.h"          // TrainConfig
+#include "train/config.h"          // TrainConfig, FaultInjection
 #include "train/gradient_sync.h"   // GradientSynchronizer
-#include "train/metrics.h"         // Accuracy
 #include "train/optimizer.h"       // VqaOptimizer
-#include "train/step_timer.h"      // StepTimer, StepTimes
+#include "train/run_log.h"         // RunLog
+#include "train/run_state.h"       // TrainState, EpochStats
+#include "train/step_timer.h"      // StepTimer
 #include "train/timeline.h"        // Timeline
 
 namespace vqa::train {
 
-// Where the run is; saved in checkpoints.
-struct TrainState {
-  int64_t next_epoch = 0;   // first epoch still to run
-  int64_t global_step = 0;  // optimiser steps taken
-  double best_overall = -1.0;
-  int64_t best_epoch = -1;
-  // A run stopped inside an epoch (a stop request): the optimiser steps of
-  // next_epoch already taken, and every rank's running loss sum and sample
-  // count for that epoch, in rank order, so the resumed epoch reports what
-  // the uninterrupted one would have.
-  int64_t step_in_epoch = 0;
-  std::vector<double> partial_loss_sums;
-  std::vector<int64_t> partial_samples;
-};
-
-struct EpochStats {
-  double mean_loss = 0.0;  // over every sample of every rank
-  double seconds = 0.0;    // of this process's part of the epoch
-  int64_t optimizer_steps = 0;
-  int64_t samples = 0;        // over all ranks, padding included, the whole epoch
-  int64_t timed_samples = 0;  // over all ranks, in `seconds` (less after a mid-epoch resume)
-  int64_t skipped_steps = 0;  // non-finite steps dropped (--nonfinite skip)
-  int stop_signal = 0;        // non-zero: the ranks agreed to stop inside this epoch
-  std::vector<StepTimes> step_times;  // this rank's timed steps (empty with timers off)
-  double data_wait_seconds = 0.0;     // this rank
-  double comm_wait_seconds = 0.0;     // this rank: finish_backward's wait
-  double learning_rate = 0.0;         // encoders' lr at the last step
-};
-
-struct EvalStats {
-  Accuracy accuracy;
-  double mean_loss = 0.0;
-  double seconds = 0.0;
+// What the training loop works with; main() owns every part, the loop
+// borrows them. Every member has its own type, so the braced list that
+// builds it cannot put one part in another's place unnoticed.
+struct TrainingParts {
+  const TrainConfig& config;
+  const torch::Device device;
+  model::M3AE& model;
+  VqaOptimizer& optimizer;
+  GradientSynchronizer& gradients;
+  runtime::Communicator& comm;
+  StepTimer& timer;
+  Timeline& timeline;
+  RunLog& log;
 };
 
 // Optimiser steps one epoch takes with this loader and configuration.
 int64_t optimizer_steps_per_epoch(const data::ShardedLoader& loader, const TrainConfig& config);
-
-// Moves a batch's model inputs to `device` (non-blocking from pinned memory on GPU).
-data::Batch batch_to_device(const data::Batch& batch, const torch::Device& device);
-
-// BCE with logits on the soft targets, times K (M3AE's loss): the mean over
-// the batch of the sum over answer labels.
-torch::Tensor vqa_loss(const torch::Tensor& logits, const torch::Tensor& targets);
 
 // Exit status when a non-finite loss or gradient stops the job (--nonfinite stop).
 constexpr int kExitNonFinite = 3;
@@ -75,19 +51,22 @@ std::string first_nonfinite_parameter(model::M3AE& model, bool check_values);
 // double, the scale stays on the device: no host synchronisation per step.
 void clip_gradient_norm(const std::vector<torch::Tensor>& parameters, double max_norm);
 
+// One optimiser step, state.global_step: its micro-steps' batches from
+// `loader`, forward, backward (the buckets are averaged over the ranks as
+// backward runs), then the non-finite policy, clipping and the optimiser.
+// Adds the step's loss sum (on the device) and sample count to the running
+// totals unless the step was dropped as non-finite (--nonfinite skip), which
+// it returns as false. Advances state.global_step either way.
+bool train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t epoch, TrainState& state,
+                torch::Tensor& loss_sum, int64_t& samples);
+
 // Runs the optimiser steps of epoch state.next_epoch from state.step_in_epoch
 // on. At every step boundary every rank polls `stop`; when the ranks agree
 // to stop, the epoch ends early with stop_signal set and `state` describing
 // the position (ready for checkpoint_save); otherwise state moves to the next
 // epoch. Randomness is seeded per optimiser step, so a resumed run draws what
 // the uninterrupted one would have.
-EpochStats train_epoch(model::M3AE& model, data::ShardedLoader& loader, VqaOptimizer& optimizer,
-                       GradientSynchronizer& gradients, runtime::Communicator& comm,
-                       runtime::StopAgreement& stop, StepTimer& timer, Timeline& timeline,
-                       const TrainConfig& config, const torch::Device& device, TrainState& state);
-
-// Every rank evaluates its shard of the test split; counts are summed.
-EvalStats evaluate(model::M3AE& model, data::ShardedLoader& loader, runtime::Communicator& comm,
-                   const torch::Device& device, int64_t epoch, bool bf16_autocast);
+EpochStats train_epoch(TrainingParts& parts, data::ShardedLoader& loader,
+                       runtime::StopAgreement& stop, TrainState& state);
 
 }  // namespace vqa::train

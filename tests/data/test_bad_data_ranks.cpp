@@ -16,7 +16,7 @@
 
 #include "data/format.h"     // dataset and attribute names
 #include "data/hdf5_util.h"  // Hdf5Id, hdf5_write_*_attribute
-#include "mpi_test_main.h"   // run_process, mpirun_prefix, make_temp_dir
+#include "process.h"         // run_process, mpirun_prefix, make_temp_dir
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "data/loader.h"          // ShardedLoader
-#include "mpi_test_main.h"        // make_temp_dir
+#include "process.h"              // make_temp_dir
 #include "runtime/distributed.h"  // distributed_broadcast_bytes, distributed_gather_strings
 #include "synth.h"                // synth_generate
 #include "writer.h"               // prep_write_dataset, DatasetWriter

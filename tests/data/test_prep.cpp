@@ -11,7 +11,7 @@
 
 #include "data/dataset_reader.h"  // DatasetReader
 #include "data/loader.h"          // ShardedLoader
-#include "mpi_test_main.h"        // run_process, mpirun_prefix, make_temp_dir
+#include "process.h"              // run_process, mpirun_prefix, make_temp_dir
 
 namespace {
 
@@ -328,8 +328,17 @@ TEST(BadFile, EveryRankReportsItAndExitsWithinSeconds) {
           .exit_code,
       0);
   // The good file passes: the probe is not failing for another reason.
-  auto result = run_process(vqa::testing::mpirun_prefix(2) + kProbe + " " + dir + "/good.h5", 60);
+  const std::string good_probe = vqa::testing::mpirun_prefix(2) + kProbe + " " + dir + "/good.h5";
+  auto result = run_process(good_probe, 60);
   EXPECT_EQ(result.exit_code, 0) << result.output;
+  // A loader destroyed after MPI_Finalize (its collective close can no longer
+  // run) says so; in the right order it does not. vqa_train's shutdown order
+  // is tested against this message (train_runs).
+  EXPECT_EQ(result.output.find("outlived MPI_Finalize"), std::string::npos) << result.output;
+  result = run_process(good_probe + " --finalize-first", 60);
+  EXPECT_NE(result.output.find("the loader of " + dir + "/good.h5 outlived MPI_Finalize"),
+            std::string::npos)
+      << result.output;
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"version", "attribute 'format_version': is 99, this build reads version 1"},
       {"image_row", "dataset '/train/questions/image_row' row 3: value 9999 is outside [0, 100)"}};

@@ -88,12 +88,26 @@ TEST(CpuCommunicator, ManyAsyncOperationsInFlightCompleteCorrectly) {
   }
 }
 
-TEST(CpuCommunicator, ScalarSumAndBarrier) {
+// Scalars and strings through the communicator (the training loop's one
+// door to collectives): sum, max and min of doubles that an int64 scaling
+// would have rounded, and strings of different lengths in rank order.
+void check_scalars_and_strings(vqa::runtime::Communicator& comm) {
   const auto& info = vqa::runtime::distributed_rank_info();
+  const int n = info.world_size;
+  comm.barrier();
+  EXPECT_DOUBLE_EQ(comm.sum(info.rank + 0.5), n * (n - 1) / 2.0 + 0.5 * n);
+  // 1e-10 apart: exactly representable differences that a nanosecond scaling loses.
+  EXPECT_EQ(comm.max(0.25 + 1e-10 * info.rank), 0.25 + 1e-10 * (n - 1));
+  EXPECT_EQ(comm.min(-1.5 * info.rank), -1.5 * (n - 1));
+  const auto all = comm.gather_strings(std::string(info.rank + 1, 'r') + std::to_string(info.rank));
+  ASSERT_EQ(static_cast<int>(all.size()), n);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(all[r], std::string(r + 1, 'r') + std::to_string(r));
+  EXPECT_EQ(comm.gather_strings("").size(), static_cast<size_t>(n));
+}
+
+TEST(CpuCommunicator, ScalarsStringsAndBarrier) {
   auto comm = vqa::runtime::communicator_create(Backend::kMpi, torch::kCPU);
-  comm->barrier();
-  EXPECT_DOUBLE_EQ(comm->sum_scalar(info.rank + 0.5),
-                   info.world_size * (info.world_size - 1) / 2.0 + 0.5 * info.world_size);
+  check_scalars_and_strings(*comm);
 }
 
 TEST(Distributed, LocalRankAndSizeFromSharedMemoryRanks) {
@@ -176,6 +190,14 @@ TEST(GpuCommunicator, ManyAsyncOperationsAndBroadcast) {
   auto value = torch::full({7}, float(info.rank), torch::TensorOptions().device(device));
   comm->broadcast(value, 0);
   EXPECT_TRUE(torch::equal(value.cpu(), torch::zeros({7})));
+}
+
+TEST(GpuCommunicator, ScalarsStringsAndBarrier) {
+  if (!gpu_available()) GTEST_SKIP() << "no GPU per local rank (or no NCCL build)";
+  const auto& info = vqa::runtime::distributed_rank_info();
+  auto comm = vqa::runtime::communicator_create(Backend::kNccl,
+                                                torch::Device(torch::kCUDA, info.local_rank));
+  check_scalars_and_strings(*comm);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // A failure on one rank ends all ranks with a non-zero exit within seconds.
 #include <gtest/gtest.h>
 
-#include "mpi_test_main.h"  // run_process, mpirun_prefix
+#include "process.h"  // run_process, mpirun_prefix
 
 namespace {
 

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <string>
 
-#include "mpi_test_main.h"  // run_process, mpirun_prefix, make_temp_dir
+#include "process.h"  // run_process, mpirun_prefix, make_temp_dir
 
 namespace fs = std::filesystem;
 

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <string>
 
-#include "mpi_test_main.h"  // run_process, make_temp_dir
+#include "process.h"  // run_process, make_temp_dir
 
 namespace fs = std::filesystem;
 

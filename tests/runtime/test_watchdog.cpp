@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "mpi_test_main.h"  // run_process, mpirun_prefix
+#include "process.h"  // run_process, mpirun_prefix
 
 namespace {
 

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <string>
 
-#include "runtime/distributed.h"  // distributed_init, distributed_sum
+#include "runtime/distributed.h"  // DistributedSession, distributed_gather_strings
 
 namespace {
 
@@ -28,7 +30,8 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const auto& info = vqa::runtime::distributed_init(&argc, &argv);
+  vqa::runtime::DistributedSession session(&argc, &argv);
+  const auto& info = session.rank_info();
   ::testing::InitGoogleTest(&argc, argv);
   torch::set_num_threads(1);
   if (info.rank != 0) {
@@ -37,11 +40,11 @@ int main(int argc, char** argv) {
     listeners.Append(new FailurePrinter(info.rank));
   }
   const int local_failed = RUN_ALL_TESTS();
-  const double failed_ranks = vqa::runtime::distributed_sum(local_failed != 0 ? 1.0 : 0.0);
+  const auto outcomes = vqa::runtime::distributed_gather_strings(local_failed != 0 ? "F" : "ok");
+  const auto failed_ranks = std::count(outcomes.begin(), outcomes.end(), std::string("F"));
   if (info.rank == 0 && failed_ranks > 0) {
     std::fprintf(stderr, "%d of %d ranks had failures\n", static_cast<int>(failed_ranks),
                  info.world_size);
   }
-  vqa::runtime::distributed_finalize();
   return failed_ranks > 0 ? 1 : 0;
 }

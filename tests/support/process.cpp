@@ -9,7 +9,7 @@
 #include <random>
 #include <thread>
 
-#include "mpi_test_main.h"
+#include "process.h"
 
 namespace vqa::testing {
 

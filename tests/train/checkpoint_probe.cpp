@@ -39,7 +39,6 @@ int write_checkpoints(const std::string& out, const std::string& preset, int64_t
                       int64_t count, int64_t keep, int64_t fsize_after_first) {
   model::M3AE model(model::model_config_preset(preset));
   train::VqaOptimizer optimizer(model, train::OptimizerSettings{});
-  const std::string config_ini = "keep-checkpoints = " + std::to_string(keep) + "\n";
   for (int64_t epoch = first; count == 0 || epoch < first + count; ++epoch) {
     {
       torch::NoGradGuard no_grad;
@@ -48,7 +47,8 @@ int write_checkpoints(const std::string& out, const std::string& preset, int64_t
     train::TrainState state;
     state.next_epoch = epoch + 1;
     state.global_step = epoch + 1;
-    const std::string path = train::checkpoint_save(out, model, optimizer, state, config_ini);
+    const std::string path = train::checkpoint_save(out, model, optimizer, state, /*config_ini=*/"",
+                                                    static_cast<int>(keep));
     std::printf("saved %s\n", path.c_str());
     std::fflush(stdout);
     if (epoch == first && fsize_after_first > 0) {
@@ -65,7 +65,8 @@ int write_checkpoints(const std::string& out, const std::string& preset, int64_t
 }
 
 int verify_latest(const std::string& out, const std::string& preset) {
-  const std::string path = train::checkpoint_latest(out);
+  train::RunLog log(out, /*writer=*/true);  // warnings to stderr
+  const std::string path = train::checkpoint_latest(out, log);
   if (path.empty()) {
     std::fprintf(stderr, "no checkpoint in %s\n", out.c_str());
     return 1;
@@ -74,7 +75,7 @@ int verify_latest(const std::string& out, const std::string& preset) {
   train::VqaOptimizer optimizer(model, train::OptimizerSettings{});
   train::TrainState state;
   try {
-    train::checkpoint_load(path, model, optimizer, state);
+    train::checkpoint_load(path, model, optimizer, state, log);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

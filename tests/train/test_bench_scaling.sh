@@ -12,15 +12,9 @@
 #
 #   tests/train/test_bench_scaling.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
-source_dir=$(cd "$1" && pwd)
-build_dir=$(cd "$2" && pwd)
-work=$(mktemp -d "${TMPDIR:-/tmp}/vqa-test-scaling-XXXXXX")
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
+# shellcheck source=tests/support/script_test.sh
+source "$(dirname "$0")/../support/script_test.sh"
+script_test_begin scaling "$1" "$2"
 
 settings=(PRESET=tiny IMAGE_SIZE=32 BATCH_PER_RANK=4 STEPS=2 REPEATS=1 CONTROLS=0)
 

@@ -18,8 +18,9 @@
 #include <set>
 #include <thread>
 
-#include "mpi_test_main.h"     // run_process, mpirun_prefix, make_temp_dir
+#include "process.h"           // run_process, mpirun_prefix, make_temp_dir
 #include "train/checkpoint.h"  // checkpoint_verify, checkpoint_save, checkpoint_latest
+#include "util/clock.h"        // seconds_since
 
 namespace fs = std::filesystem;
 using vqa::testing::run_process;
@@ -77,9 +78,7 @@ std::vector<nlohmann::json> metrics(const fs::path& out) {
   return lines;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
+using vqa::util::seconds_since;
 
 class CheckpointIntegrity : public ::testing::Test {
  protected:
@@ -370,15 +369,14 @@ TEST_F(CheckpointIntegrity, RotationKeepsTheLastKAndTheBestModel) {
 // 0 keeps all. In-process, on the tiny model.
 TEST(CheckpointRotation, OrdersMidEpochFilesInsideTheirEpochAndZeroKeepsAll) {
   const std::string out = vqa::testing::make_temp_dir("rotation");
+  vqa::train::RunLog log(out, /*writer=*/true);
   vqa::model::M3AE model(vqa::model::model_config_preset("tiny"));
   vqa::train::VqaOptimizer optimizer(model, vqa::train::OptimizerSettings{});
   auto save = [&](int64_t next_epoch, int64_t step_in_epoch, int keep) {
     vqa::train::TrainState state;
     state.next_epoch = next_epoch;
     state.step_in_epoch = step_in_epoch;
-    return fs::path(
-               vqa::train::checkpoint_save(out, model, optimizer, state,
-                                           "keep-checkpoints = " + std::to_string(keep) + "\n"))
+    return fs::path(vqa::train::checkpoint_save(out, model, optimizer, state, "", keep))
         .filename()
         .string();
   };
@@ -394,7 +392,7 @@ TEST(CheckpointRotation, OrdersMidEpochFilesInsideTheirEpochAndZeroKeepsAll) {
   save(4, 0, 0);
   EXPECT_EQ(directory_listing(out + "/checkpoints").size(), 9u)
       << joined(directory_listing(out + "/checkpoints"));
-  EXPECT_EQ(vqa::train::checkpoint_latest(out), out + "/checkpoints/epoch-0003.pt");
+  EXPECT_EQ(vqa::train::checkpoint_latest(out, log), out + "/checkpoints/epoch-0003.pt");
   fs::remove_all(out);
 }
 
@@ -402,18 +400,20 @@ TEST(CheckpointRotation, OrdersMidEpochFilesInsideTheirEpochAndZeroKeepsAll) {
 // and `latest` is pointed at the file chosen.
 TEST(CheckpointLatest, PassesOverCorruptFileAndRepointsLatest) {
   const std::string out = vqa::testing::make_temp_dir("latest");
-  EXPECT_EQ(vqa::train::checkpoint_latest(out), "");
+  vqa::train::RunLog log(out, /*writer=*/true);
+  EXPECT_EQ(vqa::train::checkpoint_latest(out, log), "");
   vqa::model::M3AE model(vqa::model::model_config_preset("tiny"));
   vqa::train::VqaOptimizer optimizer(model, vqa::train::OptimizerSettings{});
   std::vector<std::string> paths;
   for (int64_t epoch = 0; epoch < 3; ++epoch) {
     vqa::train::TrainState state;
     state.next_epoch = epoch + 1;
-    paths.push_back(vqa::train::checkpoint_save(out, model, optimizer, state, ""));
+    paths.push_back(
+        vqa::train::checkpoint_save(out, model, optimizer, state, "", /*keep_checkpoints=*/0));
   }
-  EXPECT_EQ(vqa::train::checkpoint_latest(out), paths[2]);
+  EXPECT_EQ(vqa::train::checkpoint_latest(out, log), paths[2]);
   flip_bytes(paths[2], 1000, 1);
-  EXPECT_EQ(vqa::train::checkpoint_latest(out), paths[1]);
+  EXPECT_EQ(vqa::train::checkpoint_latest(out, log), paths[1]);
   EXPECT_EQ(read_text(out + "/checkpoints/latest"), "epoch-0001.pt\n");
   fs::remove_all(out);
 }
@@ -426,7 +426,8 @@ TEST(CheckpointVerify, ReportsEachKindOfDamage) {
   vqa::train::VqaOptimizer optimizer(model, vqa::train::OptimizerSettings{});
   vqa::train::TrainState state;
   state.next_epoch = 1;
-  const std::string path = vqa::train::checkpoint_save(out, model, optimizer, state, "");
+  const std::string path =
+      vqa::train::checkpoint_save(out, model, optimizer, state, "", /*keep_checkpoints=*/0);
   const std::string sidecar = vqa::train::checkpoint_sidecar_path(path);
   ASSERT_TRUE(vqa::train::checkpoint_verify(path).good);
   const auto size = fs::file_size(path);

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <set>
 
-#include "mpi_test_main.h"  // run_process, mpirun_prefix, make_temp_dir
+#include "process.h"  // run_process, mpirun_prefix, make_temp_dir
 
 namespace fs = std::filesystem;
 using nlohmann::json;

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "mpi_test_main.h"  // run_process, mpirun_prefix, make_temp_dir
+#include "process.h"  // run_process, mpirun_prefix, make_temp_dir
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <map>
 
-#include "mpi_test_main.h"  // run_process, mpirun_prefix, make_temp_dir
+#include "process.h"  // run_process, mpirun_prefix, make_temp_dir
 
 namespace fs = std::filesystem;
 
@@ -38,8 +38,15 @@ class TrainingRuns : public ::testing::Test {
             out + " --threads 1 --progress off --lr 1e-3 --seed 3 " + flags,
         600);
     EXPECT_EQ(result.exit_code, 0) << result.output;
+    expect_shutdown_in_order(result.output);
     last_output_ = result.output;
     return out;
+  }
+
+  // Every exit path ends MPI after the loaders are gone (the loader says so
+  // on stderr otherwise, as data_prep's BadFile test shows).
+  static void expect_shutdown_in_order(const std::string& output) {
+    EXPECT_EQ(output.find("outlived MPI_Finalize"), std::string::npos) << output;
   }
 
   static std::map<std::string, torch::Tensor> load_model(const std::string& checkpoint) {
@@ -197,6 +204,7 @@ TEST_F(TrainingRuns, StopSignalOnOneRankCheckpointsEveryRankAndResumesExactly) {
           "kill -USR1 $(pgrep -P $job | tail -n 1); wait $job",
       300);
   EXPECT_EQ(stopped.exit_code, 75) << stopped.output;
+  expect_shutdown_in_order(stopped.output);
   EXPECT_LT(stopped.seconds, 120.0);
   EXPECT_NE(stopped.output.find("stopped by SIGUSR1 at epoch"), std::string::npos)
       << stopped.output;

@@ -1,4 +1,5 @@
-// Shared pieces of the test suites.
+// Process helpers of the test suites: run a command (mpirun, the job's
+// binaries) with a timeout, temporary folders, searching its output.
 #pragma once
 
 #include <string>

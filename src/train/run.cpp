@@ -1,0 +1,161 @@
+#include "train/run.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "runtime/check.h"         // fatal_user_error
+#include "runtime/stop_request.h"  // StopAgreement, stop_signal_name, kExitStopRequested
+#include "train/checkpoint.h"      // checkpoint_save, checkpoint_save_best
+#include "train/evaluation.h"      // evaluate
+#include "util/durable_file.h"     // write_file_atomically
+
+namespace vqa::train {
+
+namespace {
+
+// A checkpoint is never written from non-finite weights.
+void require_finite_weights(model::M3AE& model, const std::string& what) {
+  const std::string bad = first_nonfinite_parameter(model, /*check_values=*/true);
+  if (!bad.empty()) {
+    runtime::fatal_user_error("parameter " + bad + " holds a NaN or an infinity; not writing " +
+                                  what + " (the previous checkpoint stays the latest)",
+                              kExitNonFinite);
+  }
+}
+
+std::string out_path(const TrainConfig& config, const char* name) {
+  return (std::filesystem::path(config.out) / name).string();
+}
+
+// Why the ranks are (not) N times faster: every rank's phases of the epoch,
+// gathered to rank 0, which writes <out>/diagnosis.json. Fills the JSON
+// record and the log lines on rank 0. Collective.
+void report_epoch_steps(TrainingParts& parts, int64_t epoch, const EpochStats& stats,
+                        const GradientSyncStats& sync_before, double eval_seconds,
+                        const AllreduceProbe& probe, nlohmann::json& report_json,
+                        std::vector<std::string>& report_lines) {
+  const TrainConfig& config = parts.config;
+  const auto& sync = parts.gradients.stats();
+  const int64_t timed = sync.timed_steps - sync_before.timed_steps;
+  const double allreduce_seconds =
+      timed > 0 ? (sync.allreduce_seconds - sync_before.allreduce_seconds) / timed : 0.0;
+  const auto summaries = rank_summaries_gather(
+      parts.comm, rank_summary_build(parts.comm.rank(), stats.step_times,
+                                     config.batch_per_rank * config.accumulation_steps,
+                                     eval_seconds, allreduce_seconds));
+  if (parts.comm.rank() != 0) return;
+  const auto report =
+      epoch_report_build(epoch, parts.device.is_cuda(), summaries,
+                         config.no_comm ? 0 : sync.bytes_per_step, probe.bus_gbps, probe.bytes);
+  report_json = epoch_report_json(report);
+  report_lines = epoch_report_lines(report);
+  util::write_file_atomically(out_path(config, "diagnosis.json"), report_json.dump(2) + "\n");
+}
+
+// What the end of a completed epoch does, in order: evaluation when due,
+// the step report, the timeline, the log, then rank 0's checkpoints while
+// the others wait at a barrier (nobody starts the next epoch before they are
+// on disk). Collective.
+void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const EpochStats& stats,
+                  const GradientSyncStats& sync_before, const AllreduceProbe& probe,
+                  const std::string& config_ini, TrainState& state) {
+  const TrainConfig& config = parts.config;
+  const int64_t epoch = state.next_epoch - 1;
+  // The synchroniser found them on the first step; said once.
+  for (const auto& name : parts.gradients.take_unused_parameters()) {
+    parts.log.warn("parameter " + name + " received no gradient on the first step");
+  }
+  const bool evaluate_now =
+      config.eval_every > 0 && ((epoch + 1) % config.eval_every == 0 || epoch + 1 == config.epochs);
+  EvalStats eval_stats;
+  bool best = false;
+  if (evaluate_now) {
+    eval_stats =
+        evaluate(parts.model, test_loader, parts.comm, parts.device, epoch, config.bf16_autocast);
+    if (eval_stats.accuracy.overall > state.best_overall) {
+      state.best_overall = eval_stats.accuracy.overall;
+      state.best_epoch = epoch;
+      best = true;
+    }
+  }
+  nlohmann::json report_json;
+  std::vector<std::string> report_lines;
+  if (config.phase_timers) {
+    report_epoch_steps(parts, epoch, stats, sync_before, evaluate_now ? eval_stats.seconds : 0.0,
+                       probe, report_json, report_lines);
+  }
+  for (const auto& step_times : stats.step_times) parts.timeline.add_step(step_times);
+  if (parts.timeline.active() && parts.timeline.window_passed(state.global_step)) {
+    parts.timeline.write(parts.comm, parts.comm.host());
+  }
+  parts.log.epoch(epoch, stats, evaluate_now ? &eval_stats : nullptr, best,
+                  report_json.is_null() ? nullptr : &report_json);
+  for (const auto& line : report_lines) parts.log.info(line);
+  if (parts.comm.rank() == 0) {
+    require_finite_weights(parts.model, "checkpoints of epoch " + std::to_string(epoch));
+    if (best) checkpoint_save_best(config.out, parts.model, state);
+    if (config.save_every > 0 &&
+        ((epoch + 1) % config.save_every == 0 || epoch + 1 == config.epochs)) {
+      checkpoint_save(config.out, parts.model, parts.optimizer, state, config_ini,
+                      config.keep_checkpoints);
+    }
+  }
+  parts.comm.barrier();
+}
+
+// Every rank agreed to stop at the same step: rank 0 checkpoints the
+// position, then the job exits with a status job scripts turn into a requeue.
+int stop_with_checkpoint(TrainingParts& parts, int signal, const std::string& config_ini,
+                         const TrainState& state) {
+  std::string path;
+  if (parts.comm.rank() == 0) {
+    require_finite_weights(parts.model, "the stop checkpoint");
+    path = checkpoint_save(parts.config.out, parts.model, parts.optimizer, state, config_ini,
+                           parts.config.keep_checkpoints);
+  }
+  parts.comm.barrier();
+  parts.log.info(std::string("stopped by ") + runtime::stop_signal_name(signal) + " at epoch " +
+                 std::to_string(state.next_epoch) + " after " +
+                 std::to_string(state.step_in_epoch) + " of its optimiser steps (global step " +
+                 std::to_string(state.global_step) + "); checkpoint " + path + "; exit status " +
+                 std::to_string(runtime::kExitStopRequested) + ", continue with --resume auto");
+  return runtime::kExitStopRequested;
+}
+
+// The summary line, and on rank 0 <out>/DONE, written last.
+void finish_run(TrainingParts& parts, const TrainState& state) {
+  std::string summary = "training complete: " + std::to_string(parts.config.epochs) + " epochs";
+  if (state.best_epoch >= 0) {
+    char line[128];
+    std::snprintf(line, sizeof(line), "; best overall accuracy %.2f%% at epoch %lld",
+                  100 * state.best_overall, static_cast<long long>(state.best_epoch));
+    summary += line;
+  }
+  parts.log.info(summary);
+  if (parts.comm.rank() == 0) {
+    util::write_file_atomically(
+        out_path(parts.config, "DONE"),
+        "epochs " + std::to_string(parts.config.epochs) + "\n" + summary + "\n");
+  }
+}
+
+}  // namespace
+
+int run_training(TrainingParts& parts, data::ShardedLoader& train_loader,
+                 data::ShardedLoader& test_loader, const AllreduceProbe& probe,
+                 const std::string& config_ini, TrainState& state) {
+  if (state.next_epoch < parts.config.epochs) parts.log.epoch_header();
+  runtime::StopAgreement stop;
+  while (state.next_epoch < parts.config.epochs) {
+    const GradientSyncStats sync_before = parts.gradients.stats();
+    const EpochStats stats = train_epoch(parts, train_loader, stop, state);
+    if (stats.stop_signal != 0)
+      return stop_with_checkpoint(parts, stats.stop_signal, config_ini, state);
+    finish_epoch(parts, test_loader, stats, sync_before, probe, config_ini, state);
+  }
+  parts.timeline.write(parts.comm, parts.comm.host());  // when the run ended before the window did
+  finish_run(parts, state);
+  return 0;
+}
+
+}  // namespace vqa::train

@@ -1,0 +1,25 @@
+// The run after start-up: the epochs, what each epoch's end does
+// (evaluation when due, the step report and diagnosis, the log line,
+// checkpoints), the checkpoint of a stop request, and DONE.
+#pragma once
+
+#include <string>
+
+#include "data/loader.h"        // ShardedLoader
+#include "train/run_state.h"    // TrainState
+#include "train/step_report.h"  // AllreduceProbe
+#include "train/trainer.h"      // TrainingParts
+
+namespace vqa::train {
+
+// Trains epochs state.next_epoch .. --epochs - 1 and returns the job's exit
+// status: 0 once the last epoch is done (<out>/DONE written last, so that a
+// relaunch with --resume auto does nothing), runtime::kExitStopRequested
+// after the ranks agreed to stop on a signal (the stop checkpoint written).
+// config_ini is the resolved configuration, saved in every checkpoint.
+// Collective; main thread.
+int run_training(TrainingParts& parts, data::ShardedLoader& train_loader,
+                 data::ShardedLoader& test_loader, const AllreduceProbe& probe,
+                 const std::string& config_ini, TrainState& state);
+
+}  // namespace vqa::train

@@ -1,0 +1,49 @@
+// The state of a run that the loop, the checkpoints and the run log share:
+// where the run is (TrainState, saved in checkpoints) and what an epoch of
+// training and an evaluation measured. Plain data, no behaviour.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "train/metrics.h"     // Accuracy
+#include "train/step_timer.h"  // StepTimes
+
+namespace vqa::train {
+
+// Where the run is; saved in checkpoints.
+struct TrainState {
+  int64_t next_epoch = 0;   // first epoch still to run
+  int64_t global_step = 0;  // optimiser steps taken
+  double best_overall = -1.0;
+  int64_t best_epoch = -1;
+  // A run stopped inside an epoch (a stop request): the optimiser steps of
+  // next_epoch already taken, and every rank's running loss sum and sample
+  // count for that epoch, in rank order, so the resumed epoch reports what
+  // the uninterrupted one would have.
+  int64_t step_in_epoch = 0;
+  std::vector<double> partial_loss_sums;
+  std::vector<int64_t> partial_samples;
+};
+
+struct EpochStats {
+  double mean_loss = 0.0;  // over every sample of every rank
+  double seconds = 0.0;    // of this process's part of the epoch
+  int64_t optimizer_steps = 0;
+  int64_t samples = 0;        // over all ranks, padding included, the whole epoch
+  int64_t timed_samples = 0;  // over all ranks, in `seconds` (less after a mid-epoch resume)
+  int64_t skipped_steps = 0;  // non-finite steps dropped (--nonfinite skip)
+  int stop_signal = 0;        // non-zero: the ranks agreed to stop inside this epoch
+  std::vector<StepTimes> step_times;  // this rank's timed steps (empty with timers off)
+  double data_wait_seconds = 0.0;     // this rank
+  double comm_wait_seconds = 0.0;     // this rank: finish_backward's wait
+  double learning_rate = 0.0;         // encoders' lr at the last step
+};
+
+struct EvalStats {
+  Accuracy accuracy;
+  double mean_loss = 0.0;
+  double seconds = 0.0;
+};
+
+}  // namespace vqa::train

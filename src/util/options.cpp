@@ -1,0 +1,97 @@
+#include "util/options.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+namespace po = boost::program_options;
+
+namespace vqa::util {
+
+OptionTable::OptionTable(const std::string& caption) : description_(caption) {
+  description_.add_options()("help,h", "print this help and exit");
+}
+
+OptionTable& OptionTable::add_list(const char* name, std::vector<std::string>* field,
+                                   const char* help, bool required) {
+  auto* semantic = po::value(field)->multitoken();
+  if (required) semantic->required();
+  description_.add_options()(name, semantic, help);
+  remember(name, [field] {
+    std::string text;
+    for (const auto& value : *field) text += (text.empty() ? "" : " ") + value;
+    return text;
+  });
+  return *this;
+}
+
+OptionTable& OptionTable::positional(const char* name, int count) {
+  positional_.add(name, count);
+  has_positional_ = true;
+  return *this;
+}
+
+OptionTable& OptionTable::config_file_option(const char* name) {
+  config_option_ = name;
+  return not_saved(name);
+}
+
+OptionTable& OptionTable::not_saved(const char* name) {
+  not_saved_.emplace_back(name);
+  return *this;
+}
+
+void OptionTable::remember(const char* name, std::function<std::string()> printer) {
+  std::string long_name(name);
+  long_name = long_name.substr(0, long_name.find(','));
+  printers_.emplace_back(long_name, std::move(printer));
+}
+
+bool OptionTable::parse(const std::vector<std::string>& arguments) {
+  // --help wins over everything else, missing required options included.
+  for (const auto& argument : arguments) {
+    if (argument == "--help" || argument == "-h") return false;
+  }
+  po::variables_map values;
+  try {
+    po::command_line_parser parser(arguments);
+    parser.options(description_);
+    if (has_positional_) parser.positional(positional_);
+    po::store(parser.run(), values);
+    if (!config_option_.empty() && values.count(config_option_)) {
+      const std::string path = values[config_option_].as<std::string>();
+      if (!path.empty()) {
+        std::ifstream file(path);
+        if (!file) throw OptionError("--" + config_option_ + ": cannot open '" + path + "'");
+        po::store(po::parse_config_file(file, description_), values);
+      }
+    }
+    po::notify(values);
+  } catch (const po::error& e) {
+    throw OptionError(e.what());
+  }
+  return true;
+}
+
+bool OptionTable::parse(int argc, char** argv) {
+  return parse(std::vector<std::string>(argv + 1, argv + argc));
+}
+
+void OptionTable::print_help(std::FILE* out, const std::string& usage) const {
+  std::ostringstream text;
+  text << description_;
+  std::fprintf(out, "%s\n%s", usage.c_str(), text.str().c_str());
+  std::fflush(out);
+}
+
+std::vector<std::pair<std::string, std::string>> OptionTable::values() const {
+  std::vector<std::pair<std::string, std::string>> result;
+  for (const auto& [name, print] : printers_) {
+    if (std::find(not_saved_.begin(), not_saved_.end(), name) == not_saved_.end()) {
+      result.emplace_back(name, print());
+    }
+  }
+  return result;
+}
+
+}  // namespace vqa::util

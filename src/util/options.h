@@ -1,0 +1,95 @@
+// One option table per program (vqa_train, vqa_prep's commands, the
+// benchmarks): each option is declared once, with the field it fills, its
+// help text and its default (the field's value when it is declared), and
+// --help, the command-line and INI parsers and the resolved values all come
+// from that one declaration. Boost.ProgramOptions underneath.
+#pragma once
+
+#include <boost/program_options.hpp>
+
+#include <cstdio>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace vqa::util {
+
+// A bad command line or INI file: an unknown option, a missing required
+// one, a value that does not parse. what() names the option and the value.
+struct OptionError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The text an option's value is shown and saved as ("true", "0.001", ...).
+inline std::string option_text(const std::string& value) { return value; }
+inline std::string option_text(bool value) { return value ? "true" : "false"; }
+inline std::string option_text(double value) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.10g", value);
+  return text;
+}
+template <typename Integer, typename = std::enable_if_t<std::is_integral_v<Integer>>>
+std::string option_text(Integer value) {
+  return std::to_string(value);
+}
+
+class OptionTable {
+ public:
+  // `caption` heads the --help listing ("vqa_train options").
+  explicit OptionTable(const std::string& caption);
+
+  // An option with a default: the field's current value. `name` is "long"
+  // or "long,s" (a one-letter short form). A bool option alone means true
+  // (`--strict`); `--strict false` sets it false.
+  template <typename T>
+  OptionTable& add(const char* name, T* field, const char* help) {
+    auto* semantic =
+        boost::program_options::value(field)->default_value(*field, option_text(*field));
+    if constexpr (std::is_same_v<T, bool>) semantic->implicit_value(true, "true");
+    description_.add_options()(name, semantic, help);
+    remember(name, [field] { return option_text(*field); });
+    return *this;
+  }
+  // An option that must be given.
+  template <typename T>
+  OptionTable& add_required(const char* name, T* field, const char* help) {
+    description_.add_options()(name, boost::program_options::value(field)->required(), help);
+    remember(name, [field] { return option_text(*field); });
+    return *this;
+  }
+  // One or more values (`--name a b`); required or not.
+  OptionTable& add_list(const char* name, std::vector<std::string>* field, const char* help,
+                        bool required);
+  // Arguments without an option name fill option `name` (declared before),
+  // `count` of them (-1: all).
+  OptionTable& positional(const char* name, int count);
+  // After the command line, read INI "key = value" lines from the file that
+  // option `name` names, when given; the command line wins.
+  OptionTable& config_file_option(const char* name);
+  // Leaves option `name` out of values() (e.g. the config file's own name).
+  OptionTable& not_saved(const char* name);
+
+  // Parses and fills the fields. Returns false, filling nothing, when --help
+  // or -h is among the arguments (print_help then). Throws OptionError.
+  bool parse(const std::vector<std::string>& arguments);
+  bool parse(int argc, char** argv);  // argv[0] is the program
+
+  void print_help(std::FILE* out, const std::string& usage) const;
+  // "name" -> value text, in declaration order, after parse().
+  std::vector<std::pair<std::string, std::string>> values() const;
+
+ private:
+  void remember(const char* name, std::function<std::string()> printer);
+
+  boost::program_options::options_description description_;
+  boost::program_options::positional_options_description positional_;
+  bool has_positional_ = false;
+  std::string config_option_;
+  std::vector<std::pair<std::string, std::function<std::string()>>> printers_;
+  std::vector<std::string> not_saved_;
+};
+
+}  // namespace vqa::util
