@@ -1,5 +1,5 @@
 // The quickstart learns: the tiny preset trained with jobs/configs/quickstart.ini
-// on 2 ranks reaches at least 90% overall test accuracy on the synthetic set
+// on 2 ranks reaches at least 95% overall test accuracy on the synthetic set
 // (chance, always answering the most frequent label, is far below).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -12,7 +12,7 @@
 
 namespace {
 
-TEST(Learning, TinyPresetReachesNinetyPercentOnSyntheticSet) {
+TEST(Learning, TinyPresetReachesNinetyFivePercentOnSyntheticSet) {
   const std::string directory = vqa::testing::make_temp_dir("learn");
   const std::string dataset = directory + "/synth.h5";
   // The quickstart's dataset: vqa_prep synth with its defaults.
@@ -40,7 +40,7 @@ TEST(Learning, TinyPresetReachesNinetyPercentOnSyntheticSet) {
       "quickstart: %d epochs in %.1f s, final overall %.2f%% (open %.2f%%, closed %.2f%%)\n",
       epochs, result.seconds, 100 * overall, 100 * last["open"].get<double>(),
       100 * last["closed"].get<double>());
-  EXPECT_GE(overall, 0.90) << result.output;
+  EXPECT_GE(overall, 0.95) << result.output;
   std::filesystem::remove_all(directory);
 }
 
