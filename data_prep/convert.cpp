@@ -7,12 +7,14 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <stdexcept>
 
-#include "convert_images.h"   // image_load_all, FeatureSource
-#include "convert_records.h"  // Record, records_read_split, records_build_labels
-#include "data/format.h"      // DataFormatError, kAnswerType*
-#include "text.h"             // WordTokenizer
-#include "writer.h"           // DatasetWriter
+#include "convert_images.h"     // image_load_all, FeatureSource
+#include "convert_records.h"    // Record, records_read_split, records_build_labels
+#include "data/format.h"        // DataFormatError, kAnswerType*, kTokenizer*, kNormalization*
+#include "roberta_tokenizer.h"  // RobertaTokenizer
+#include "text.h"               // WordTokenizer
+#include "writer.h"             // DatasetWriter
 
 namespace vqa::prep {
 
@@ -101,8 +103,37 @@ std::vector<int32_t> write_images(const std::string& split, std::vector<Record>&
 
 }  // namespace
 
+void convert_check_options(const ConvertOptions& options) {
+  const bool roberta = options.tokenizer == data::kTokenizerRoberta;
+  if (!roberta && options.tokenizer != data::kTokenizerWord) {
+    throw std::invalid_argument("--tokenizer '" + options.tokenizer +
+                                "': expected 'word' or 'roberta'");
+  }
+  if (roberta && (options.vocab_json.empty() || options.merges_txt.empty())) {
+    throw std::invalid_argument(
+        "--tokenizer roberta needs --vocab-json FILE and --merges-txt FILE (the vocab.json and "
+        "merges.txt of a Hugging Face RoBERTa tokenizer, e.g. roberta-base)");
+  }
+  if (!roberta && (!options.vocab_json.empty() || !options.merges_txt.empty())) {
+    throw std::invalid_argument(
+        "--vocab-json and --merges-txt are read by --tokenizer roberta only; the word tokenizer "
+        "builds its vocabulary from the training questions");
+  }
+  if (options.normalize != data::kNormalizationDataset &&
+      options.normalize != data::kNormalizationClip) {
+    throw std::invalid_argument("--normalize '" + options.normalize +
+                                "': expected 'dataset' (the training images' mean and std) or "
+                                "'clip' (CLIP's, as M3AE uses)");
+  }
+  if (!options.features.empty() && options.normalize == data::kNormalizationClip) {
+    throw std::invalid_argument("--normalize clip applies to images; --features " +
+                                options.features + " stores features");
+  }
+}
+
 void convert_run(const ConvertOptions& options) {
   const auto start = std::chrono::steady_clock::now();
+  convert_check_options(options);
   if (options.train_json.empty() || options.test_json.empty()) {
     throw data::DataFormatError("convert: --train-json and --test-json are both required");
   }
@@ -114,6 +145,11 @@ void convert_run(const ConvertOptions& options) {
     throw data::DataFormatError("convert: --image-size must be 1.." +
                                 std::to_string(data::kMaxImageSize) + " and --max-len 2.." +
                                 std::to_string(data::kMaxQuestionLength));
+  }
+  // A tokenizer from files is read first: a bad file fails before any image is decoded.
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (options.tokenizer == data::kTokenizerRoberta) {
+    tokenizer = std::make_unique<RobertaTokenizer>(options.vocab_json, options.merges_txt);
   }
   RecordProblems problems(options.strict);
   RecordOptions record_options;
@@ -147,15 +183,19 @@ void convert_run(const ConvertOptions& options) {
     }
   }
 
-  std::vector<std::string> train_questions;
-  for (const Record& r : train) train_questions.push_back(r.question);
-  auto tokenizer = WordTokenizer::build(train_questions, options.min_word_count);
+  if (!tokenizer) {
+    std::vector<std::string> train_questions;
+    for (const Record& r : train) train_questions.push_back(r.question);
+    tokenizer = WordTokenizer::build(train_questions, options.min_word_count);
+  }
   FileHeader header;
   header.features = features != nullptr;
   header.image_size = features ? 0 : options.image_size;
   header.max_question_length = options.max_length;
   header.tokenizer = tokenizer->kind();
   header.token_vocabulary = tokenizer->vocabulary();
+  header.special_tokens = tokenizer->special_tokens();
+  header.tokenizer_sha256 = tokenizer->source_sha256();
   header.created_by = options.created_by;
   header.answer_labels = options.include_test_answers ? records_build_labels({&train, &test})
                                                       : records_build_labels({&train});
@@ -165,9 +205,15 @@ void convert_run(const ConvertOptions& options) {
   }
   header.question_types.assign(types.begin(), types.end());
   if (features) {
+    header.image_normalization = data::kNormalizationNone;
     header.image_mean = {0.0, 0.0, 0.0};
     header.image_std = {1.0, 1.0, 1.0};
+  } else if (options.normalize == data::kNormalizationClip) {
+    header.image_normalization = data::kNormalizationClip;
+    header.image_mean.assign(std::begin(data::kClipMean), std::end(data::kClipMean));
+    header.image_std.assign(std::begin(data::kClipStd), std::end(data::kClipStd));
   } else {
+    header.image_normalization = data::kNormalizationDataset;
     for (size_t c = 0; c < 3; ++c) {
       const double mean = stats.sum[c] / stats.pixels;
       header.image_mean[c] = mean;
@@ -183,7 +229,7 @@ void convert_run(const ConvertOptions& options) {
   std::vector<std::string> outside_examples;
   for (const auto& [name, records, rows] :
        {std::tuple{"train", &train, &train_rows}, std::tuple{"test", &test, &test_rows}}) {
-    QuestionTable table(options.max_length, 1);
+    QuestionTable table(options.max_length, 1, static_cast<int32_t>(header.special_tokens.pad));
     for (size_t i = 0; i < records->size(); ++i) {
       const Record& r = (*records)[i];
       const int32_t type =
@@ -218,9 +264,11 @@ void convert_run(const ConvertOptions& options) {
               static_cast<long>(test.size() - count_closed(test)),
               static_cast<size_t>(*std::max_element(test_rows.begin(), test_rows.end()) + 1));
   std::printf(
-      "vqa_prep convert: %zu answer labels (from %s), %zu vocabulary entries, %zu question types\n",
+      "vqa_prep convert: %zu answer labels (from %s), %zu vocabulary entries (tokenizer %s), %zu "
+      "question types; images normalised with %s mean/std\n",
       header.answer_labels.size(), options.include_test_answers ? "train + test" : "train",
-      header.token_vocabulary.size(), header.question_types.size());
+      header.token_vocabulary.size(), header.tokenizer.c_str(), header.question_types.size(),
+      header.image_normalization.c_str());
   std::string examples;
   for (const auto& e : outside_examples) examples += (examples.empty() ? "'" : ", '") + e + "'";
   std::printf(

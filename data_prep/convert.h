@@ -14,11 +14,14 @@ struct ConvertOptions {
   std::string output;
   int64_t image_size = 224;
   int64_t max_length = 32;
-  int64_t min_word_count = 1;
-  std::string language = "en";        // SLAKE's q_lang; records of other languages are left out
-  bool include_test_answers = false;  // label set from train + test (as M3AE does)
-  bool strict = false;                // fail on the first bad record instead of skipping it
-  std::string features;               // an HDF5 file of per-image features instead of images
+  int64_t min_word_count = 1;          // word tokenizer only
+  std::string tokenizer = "word";      // "word" (from the training questions) or "roberta"
+  std::string vocab_json, merges_txt;  // roberta: the tokenizer folder's two files
+  std::string normalize = "dataset";   // image mean/std: "dataset" (training images) or "clip"
+  std::string language = "en";         // SLAKE's q_lang; records of other languages are left out
+  bool include_test_answers = false;   // label set from train + test (as M3AE does)
+  bool strict = false;                 // fail on the first bad record instead of skipping it
+  std::string features;                // an HDF5 file of per-image features instead of images
   std::string features_dataset = "image_features";
   std::string features_index = "image_names";
   bool features_float16 = false;
@@ -26,9 +29,14 @@ struct ConvertOptions {
   std::string created_by;
 };
 
+// Throws std::invalid_argument naming the option and its value when the
+// options contradict each other or name an unknown kind (a bad command line).
+void convert_check_options(const ConvertOptions& options);
+
 // Converts and prints a summary of counts; throws DataFormatError on a bad
-// input that cannot be skipped (or on any with `strict`). The output appears
-// only when the whole conversion succeeded.
+// input that cannot be skipped (or on any with `strict`), invalid_argument on
+// bad options (convert_check_options). The output appears only when the
+// whole conversion succeeded.
 void convert_run(const ConvertOptions& options);
 
 }  // namespace vqa::prep

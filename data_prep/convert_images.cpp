@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <opencv2/imgcodecs.hpp>
-#include <opencv2/imgproc.hpp>
 #include <thread>
 
-#include "data/format.h"  // DataFormatError, kMaxFeatureElements
+#include "data/format.h"     // DataFormatError, kMaxFeatureElements
+#include "image_resample.h"  // image_plan_square, image_resize_bicubic
 
 namespace vqa::prep {
 
@@ -17,33 +17,37 @@ std::string image_load_square(const std::string& file, int64_t size, std::vector
   if (!fs::is_regular_file(file, code)) return "no such image file: " + file;
   cv::Mat image;
   try {
-    image = cv::imread(file, cv::IMREAD_COLOR);
+    // As PIL opens it (M3AE, CLIP): EXIF orientation is not applied.
+    image = cv::imread(file, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
   } catch (const cv::Exception& e) {
     return "cannot decode image " + file + ": " + e.what();
   }
   if (image.empty() || image.rows < 1 || image.cols < 1) {
     return "cannot decode image " + file + " (unreadable, or not a JPEG/PNG image)";
   }
-  // Shorter side to `size`, then the centre square: the usual eval transform.
-  const double scale = static_cast<double>(size) / std::min(image.rows, image.cols);
-  const int width =
-      std::max<int>(static_cast<int>(size), static_cast<int>(image.cols * scale + 0.5));
-  const int height =
-      std::max<int>(static_cast<int>(size), static_cast<int>(image.rows * scale + 0.5));
-  cv::Mat resized;
-  cv::resize(image, resized, cv::Size(width, height), 0, 0, cv::INTER_CUBIC);
-  const cv::Rect centre((width - static_cast<int>(size)) / 2, (height - static_cast<int>(size)) / 2,
-                        static_cast<int>(size), static_cast<int>(size));
-  const cv::Mat square = resized(centre);
+  if (!image.isContinuous()) image = image.clone();
+  // Shorter side to `size`, then the centre square: CLIP's and M3AE's eval transform.
+  const int side = static_cast<int>(size);
+  SquareCrop crop;
+  std::vector<uint8_t> resized;
+  try {  // this runs on a worker thread: an exception must not leave it
+    crop = image_plan_square(image.cols, image.rows, side);
+    resized = image_resize_bicubic(image.data, image.cols, image.rows, 3, crop.width, crop.height);
+  } catch (const std::exception& e) {
+    return "cannot resize image " + file + " (" + std::to_string(image.cols) + "x" +
+           std::to_string(image.rows) + " to a shorter side of " + std::to_string(size) +
+           "): " + e.what();
+  }
   chw.resize(static_cast<size_t>(3 * size * size));
   const int64_t plane = size * size;
-  for (int y = 0; y < square.rows; ++y) {
-    const auto* row = square.ptr<cv::Vec3b>(y);
-    for (int x = 0; x < square.cols; ++x) {
+  for (int y = 0; y < side; ++y) {
+    const uint8_t* row =
+        resized.data() + (static_cast<size_t>(y + crop.top) * crop.width + crop.left) * 3;
+    for (int x = 0; x < side; ++x) {
       const int64_t offset = y * size + x;
-      chw[offset] = row[x][2];  // OpenCV decodes to BGR; the format stores RGB
-      chw[plane + offset] = row[x][1];
-      chw[2 * plane + offset] = row[x][0];
+      chw[offset] = row[3 * x + 2];  // OpenCV decodes to BGR; the format stores RGB
+      chw[plane + offset] = row[3 * x + 1];
+      chw[2 * plane + offset] = row[3 * x];
     }
   }
   return "";

@@ -1,6 +1,7 @@
-// Image and feature sources for `vqa_prep convert`: OpenCV decoding to the
-// stored [3, S, S] RGB layout, and rows of a precomputed-features file. (The
-// checked path of an image inside its folder is in convert_records.h.)
+// Image and feature sources for `vqa_prep convert`: OpenCV decoding and
+// PIL's resize (image_resample.h) to the stored [3, S, S] RGB layout, and
+// rows of a precomputed-features file. (The checked path of an image inside
+// its folder is in convert_records.h.)
 #pragma once
 
 #include <cstdint>
@@ -12,9 +13,10 @@
 
 namespace vqa::prep {
 
-// Decodes a JPEG/PNG file, resizes its shorter side to `size` (bicubic) and
-// crops the centre square, into uint8 [3, size, size] RGB. Returns an error
-// text, empty on success.
+// Decodes a JPEG/PNG file, resizes its shorter side to `size` and crops the
+// centre square as torchvision's Resize + CenterCrop on a PIL image do
+// (image_resample.h), into uint8 [3, size, size] RGB. Returns an error text,
+// empty on success.
 std::string image_load_square(const std::string& file, int64_t size, std::vector<uint8_t>& chw);
 
 // Loads `names` on `threads` threads; errors[i] is empty when images[i] was read.

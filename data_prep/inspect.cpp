@@ -18,9 +18,16 @@ namespace vqa::prep {
 namespace {
 
 herr_t collect_group(hid_t group, const char* name, const H5L_info_t*, void* out) {
+  // HDF5 1.12 gave H5Oget_info_by_name a `fields` argument and H5O_info2_t
+  // (Debian 12 has 1.10, Debian 13 1.14).
+#if H5_VERSION_GE(1, 12, 0)
+  H5O_info2_t info;
+  const herr_t status = H5Oget_info_by_name(group, name, &info, H5O_INFO_BASIC, H5P_DEFAULT);
+#else
   H5O_info_t info;
-  if (H5Oget_info_by_name(group, name, &info, H5P_DEFAULT) >= 0 && info.type == H5O_TYPE_GROUP &&
-      std::string(name) != "vocab") {
+  const herr_t status = H5Oget_info_by_name(group, name, &info, H5P_DEFAULT);
+#endif
+  if (status >= 0 && info.type == H5O_TYPE_GROUP && std::string(name) != "vocab") {
     static_cast<std::vector<std::string>*>(out)->push_back(name);
   }
   return 0;
@@ -124,19 +131,25 @@ void inspect_run(const std::string& path, int64_t records) {
     if (!header_printed) {
       header_printed = true;
       std::printf("file: %s\nformat: vqa-hpc version %ld, created by: %s\n", path.c_str(),
-                  static_cast<long>(data::kFormatVersion), created_by.c_str());
+                  static_cast<long>(info.format_version), created_by.c_str());
       if (info.has_features) {
         std::printf("images: features [tokens %ld, dim %ld]\n",
                     static_cast<long>(info.feature_tokens), static_cast<long>(info.feature_dim));
       } else {
-        std::printf("images: pixels %ldx%ld, mean %.4f %.4f %.4f, std %.4f %.4f %.4f\n",
+        std::printf("images: pixels %ldx%ld, mean %.4f %.4f %.4f, std %.4f %.4f %.4f (%s)\n",
                     static_cast<long>(info.image_size), static_cast<long>(info.image_size),
                     info.image_mean[0], info.image_mean[1], info.image_mean[2], info.image_std[0],
-                    info.image_std[1], info.image_std[2]);
+                    info.image_std[1], info.image_std[2], info.image_normalization.c_str());
       }
       std::printf("answers: %ld labels; tokenizer: %s, %ld entries; max question length %ld\n",
                   static_cast<long>(info.num_answers), info.tokenizer.c_str(),
                   static_cast<long>(info.vocab_size), static_cast<long>(info.max_question_length));
+      const data::SpecialTokenIds& special = info.special_tokens;
+      std::printf("special tokens: pad %ld, cls %ld, eos %ld, unk %ld%s%s\n",
+                  static_cast<long>(special.pad), static_cast<long>(special.cls),
+                  static_cast<long>(special.eos), static_cast<long>(special.unk),
+                  info.tokenizer_sha256.empty() ? "" : "; tokenizer files sha256 ",
+                  info.tokenizer_sha256.c_str());
     }
     const data::SplitStatistics& stats = reader.statistics();
     std::printf("\n[%s] %ld questions over %ld images: %ld closed, %ld open, %ld without a label\n",

@@ -1,6 +1,6 @@
-// Text handling for the prep tool: the question tokenizer (behind an
-// interface, so that a RoBERTa BPE tokenizer can be added next to the word
-// one) and the answer normalisation of the VQA evaluation.
+// Text handling for the prep tool: the question tokenizer interface with the
+// word tokenizer (the RoBERTa one is in roberta_tokenizer.h) and the answer
+// normalisation of the VQA evaluation.
 #pragma once
 
 #include <cstdint>
@@ -8,16 +8,25 @@
 #include <string>
 #include <vector>
 
+#include "data/dataset_info.h"  // SpecialTokenIds
+
 namespace vqa::prep {
 
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  // Stored in the file's `tokenizer` attribute.
+  // Stored in the file's `tokenizer` attribute (data::kTokenizer*).
   virtual std::string kind() const = 0;
-  // Token id -> token; ids 0, 1, 2 are <pad>, <unk>, <cls> (data/format.h).
+  // Token id -> token.
   virtual const std::vector<std::string>& vocabulary() const = 0;
-  // <cls> followed by the question's tokens, truncated to max_length ids.
+  // The ids of <pad>, <cls>, the end token (-1: none) and <unk> in vocabulary().
+  virtual data::SpecialTokenIds special_tokens() const = 0;
+  // What the file records of the tokenizer's source files (FORMAT.md); empty
+  // when the vocabulary comes from the questions themselves.
+  virtual std::string source_sha256() const { return ""; }
+  // The question's ids, at most max_length (>= 2) of them, without padding:
+  // <cls>, the question's tokens, and the end token when there is one (kept
+  // last when the question is truncated).
   virtual std::vector<int32_t> encode(const std::string& text, int64_t max_length) const = 0;
 };
 
@@ -32,7 +41,9 @@ class WordTokenizer : public Tokenizer {
   static std::vector<std::string> split_words(const std::string& text);
 
   std::string kind() const override { return "word"; }
+  // ids 0, 1, 2 are <pad>, <unk>, <cls> (data/format.h); no end token.
   const std::vector<std::string>& vocabulary() const override { return vocabulary_; }
+  data::SpecialTokenIds special_tokens() const override { return {}; }
   std::vector<int32_t> encode(const std::string& text, int64_t max_length) const override;
 
  private:

@@ -3,19 +3,24 @@
 //   synth    a synthetic, learnable dataset (the quickstart's data)
 //   convert  VQA-RAD / SLAKE style JSON + images (or features) to the format
 //   inspect  summary and full validation of a dataset file
+//   tokenize the BPE ids of texts (to check the tokenizer against another)
 // Exit status: 0 done, 1 bad input or failure, 2 bad command line.
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
-#include "convert.h"          // convert_run
-#include "data/format.h"      // DataFormatError
-#include "data/hdf5_crash.h"  // hdf5_crash_report_install
-#include "inspect.h"          // inspect_run
-#include "synth.h"            // synth_generate
-#include "util/clock.h"       // SteadyClock, seconds_since
-#include "util/options.h"     // OptionTable
-#include "writer.h"           // prep_write_dataset
+#include "convert.h"            // convert_run, convert_check_options
+#include "data/format.h"        // DataFormatError
+#include "data/hdf5_crash.h"    // hdf5_crash_report_install
+#include "inspect.h"            // inspect_run
+#include "roberta_tokenizer.h"  // ByteLevelBpe, RobertaTokenizer
+#include "synth.h"              // synth_generate
+#include "util/clock.h"         // SteadyClock, seconds_since
+#include "util/options.h"       // OptionTable
+#include "writer.h"             // prep_write_dataset
 
 namespace {
 
@@ -76,11 +81,20 @@ int run_convert(const std::vector<std::string>& arguments, const std::string& co
       .add("images", &options.image_dir, "image folder; record image names are relative to it")
       .add_required("output,o", &options.output, "dataset file to write")
       .add("image-size", &options.image_size,
-           "stored image side: shorter side resized (bicubic), centre crop")
+           "stored image side: shorter side resized (PIL's antialiased bicubic), centre crop")
       .add("max-len", &options.max_length,
-           "question length in tokens, <cls> included; longer questions are truncated")
+           "question length in tokens, special tokens included; longer questions are truncated")
+      .add("tokenizer", &options.tokenizer,
+           "word (vocabulary from the training questions) or roberta (--vocab-json, "
+           "--merges-txt)")
+      .add("vocab-json", &options.vocab_json,
+           "roberta: vocab.json of a Hugging Face RoBERTa tokenizer (token -> id)")
+      .add("merges-txt", &options.merges_txt, "roberta: its merges.txt (BPE merges by rank)")
       .add("min-word-count", &options.min_word_count,
-           "training questions a word must occur in to get its own token")
+           "word: training questions a word must occur in to get its own token")
+      .add("normalize", &options.normalize,
+           "image mean/std stored for the loader: dataset (the training images') or clip "
+           "(CLIP's, as M3AE uses)")
       .add("language", &options.language, "keep records whose q_lang is this (SLAKE)")
       .add("include-test-answers", &options.include_test_answers,
            "build the answer label set from train and test answers (as M3AE does)")
@@ -92,7 +106,57 @@ int run_convert(const std::vector<std::string>& arguments, const std::string& co
       .add("features-float16", &options.features_float16, "store features as float16")
       .add("threads", &options.threads, "image decoding threads (0: all cores)");
   if (!parse("convert", arguments, table)) return 0;
+  try {
+    vqa::prep::convert_check_options(options);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string(e.what()) + " (see vqa_prep convert --help)");
+  }
   vqa::prep::convert_run(options);
+  return 0;
+}
+
+// Prints, as one JSON array, the ids of every text of a JSON array of
+// strings: raw BPE ids, or with --max-len the ids convert stores.
+int run_tokenize(const std::vector<std::string>& arguments) {
+  std::string vocab_json, merges_txt, texts_json;
+  int64_t max_length = 0;
+  vqa::util::OptionTable table("tokenize options");
+  table.add_required("vocab-json", &vocab_json, "vocab.json (token -> id)")
+      .add_required("merges-txt", &merges_txt, "merges.txt")
+      .add_required("texts-json", &texts_json, "a JSON file holding an array of strings")
+      .add("max-len", &max_length,
+           "0: the raw BPE ids; L >= 2: <s> ... </s> truncated to L, as convert stores them "
+           "(before padding)");
+  if (!parse("tokenize", arguments, table)) return 0;
+  if (max_length == 1 || max_length < 0) throw UsageError("--max-len must be 0 or at least 2");
+  std::ifstream file(texts_json, std::ios::binary);
+  if (!file) throw vqa::data::DataFormatError(texts_json + ": cannot open it");
+  std::stringstream text;
+  text << file.rdbuf();
+  nlohmann::json texts;
+  try {
+    texts = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw vqa::data::DataFormatError(texts_json + ": malformed JSON: " + e.what());
+  }
+  if (!texts.is_array()) throw vqa::data::DataFormatError(texts_json + ": not a JSON array");
+  for (size_t i = 0; i < texts.size(); ++i) {
+    if (!texts[i].is_string()) {
+      throw vqa::data::DataFormatError(texts_json + ": entry " + std::to_string(i) + " is " +
+                                       texts[i].type_name() + ", expected a string");
+    }
+  }
+  nlohmann::json result = nlohmann::json::array();
+  if (max_length == 0) {
+    const vqa::prep::ByteLevelBpe bpe(vocab_json, merges_txt);
+    for (const auto& entry : texts) result.push_back(bpe.encode(entry.get<std::string>()));
+  } else {
+    const vqa::prep::RobertaTokenizer tokenizer(vocab_json, merges_txt);
+    for (const auto& entry : texts) {
+      result.push_back(tokenizer.encode(entry.get<std::string>(), max_length));
+    }
+  }
+  std::printf("%s\n", result.dump().c_str());
   return 0;
 }
 
@@ -114,6 +178,7 @@ void print_usage() {
       "  synth    write a synthetic VQA dataset (coloured shapes)\n"
       "  convert  VQA-RAD / SLAKE JSON + images (or --features) to the dataset format\n"
       "  inspect  summarise and validate a dataset file\n"
+      "  tokenize print the RoBERTa/GPT-2 BPE ids of a JSON array of texts\n"
       "vqa_prep <command> --help lists a command's options.\n");
 }
 
@@ -134,6 +199,7 @@ int main(int argc, char** argv) {
     if (command == "synth") return run_synth(arguments, command_line);
     if (command == "convert") return run_convert(arguments, command_line);
     if (command == "inspect") return run_inspect(arguments);
+    if (command == "tokenize") return run_tokenize(arguments);
     std::fprintf(stderr, "vqa_prep: unknown command '%s'\n", command.c_str());
     print_usage();
     return kExitUsage;

@@ -19,7 +19,7 @@ void QuestionTable::add(const std::vector<int32_t>& tokens, int32_t image, int t
                         const std::vector<float>& scores) {
   for (int64_t t = 0; t < max_length; ++t) {
     const bool real = t < static_cast<int64_t>(tokens.size());
-    token_ids.push_back(real ? tokens[t] : data::kPadToken);
+    token_ids.push_back(real ? tokens[t] : pad_token);
     attention_mask.push_back(real ? 1 : 0);
   }
   for (int64_t m = 0; m < max_targets; ++m) {
@@ -205,6 +205,14 @@ void DatasetWriter::commit(const FileHeader& header) {
   data::hdf5_write_int_attribute(root, data::kAttrNumAnswers,
                                  static_cast<int64_t>(header.answer_labels.size()), path);
   data::hdf5_write_string_attribute(root, data::kAttrTokenizer, header.tokenizer, path);
+  data::hdf5_write_int_attribute(root, data::kAttrPadTokenId, header.special_tokens.pad, path);
+  data::hdf5_write_int_attribute(root, data::kAttrClsTokenId, header.special_tokens.cls, path);
+  data::hdf5_write_int_attribute(root, data::kAttrEosTokenId, header.special_tokens.eos, path);
+  data::hdf5_write_int_attribute(root, data::kAttrUnkTokenId, header.special_tokens.unk, path);
+  data::hdf5_write_string_attribute(root, data::kAttrTokenizerSha256, header.tokenizer_sha256,
+                                    path);
+  data::hdf5_write_string_attribute(root, data::kAttrImageNormalization, header.image_normalization,
+                                    path);
   data::hdf5_write_string_attribute(root, data::kAttrCreatedBy, header.created_by, path);
   write_strings(root, data::kAnswerVocabulary, header.answer_labels, path);
   write_strings(root, data::kTokenVocabulary, header.token_vocabulary, path);

@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "data/hdf5_util.h"  // Hdf5Id
+#include "data/dataset_info.h"  // SpecialTokenIds
+#include "data/format.h"        // kPadToken
+#include "data/hdf5_util.h"     // Hdf5Id
 
 namespace vqa::prep {
 
@@ -15,8 +17,11 @@ struct FileHeader {
   bool features = false;   // false: pixels
   int64_t image_size = 0;  // pixels: side of the square images; 0 with features
   std::vector<double> image_mean{0.5, 0.5, 0.5}, image_std{0.5, 0.5, 0.5};  // [0, 1] units
+  std::string image_normalization = "dataset";  // data::kNormalization*: what mean/std are
   int64_t max_question_length = 32;
   std::string tokenizer = "word";
+  data::SpecialTokenIds special_tokens;       // the word tokenizer's by default
+  std::string tokenizer_sha256;               // roberta: "<vocab.json sha256> <merges.txt sha256>"
   std::string created_by;                     // the command line that wrote the file
   std::vector<std::string> answer_labels;     // label id -> answer
   std::vector<std::string> token_vocabulary;  // token id -> token
@@ -25,16 +30,17 @@ struct FileHeader {
 
 // The questions of one split, row by row, as stored.
 struct QuestionTable {
-  QuestionTable(int64_t max_length, int64_t max_targets)
-      : max_length(max_length), max_targets(max_targets) {}
+  QuestionTable(int64_t max_length, int64_t max_targets, int32_t pad_token = data::kPadToken)
+      : max_length(max_length), max_targets(max_targets), pad_token(pad_token) {}
   int64_t size() const { return static_cast<int64_t>(image_row.size()); }
-  // tokens: at most max_length ids (padded here); labels/scores: at most
+  // tokens: at most max_length ids (padded here with pad_token); labels/scores: at most
   // max_targets pairs (none when the answer is outside the label set).
   void add(const std::vector<int32_t>& tokens, int32_t image, int answer_type, int64_t question_id,
            int32_t question_type, const std::string& question, const std::string& answer,
            const std::vector<int32_t>& labels, const std::vector<float>& scores);
 
   int64_t max_length, max_targets;
+  int32_t pad_token;
   std::vector<int32_t> token_ids;       // [n, max_length]
   std::vector<uint8_t> attention_mask;  // [n, max_length]
   std::vector<int32_t> image_row;

@@ -14,6 +14,7 @@ packages=(
   libboost-program-options-dev          # command line + INI configuration
   libopencv-core-dev libopencv-imgcodecs-dev libopencv-imgproc-dev  # image decode/resize in vqa_prep
   nlohmann-json3-dev                    # VQA-RAD / SLAKE JSON in vqa_prep
+  libpcre2-dev                          # GPT-2's pre-tokenisation pattern (\p{L}, \p{N}) in vqa_prep
   zlib1g-dev                            # CRC-32 checksums of checkpoints
   libgtest-dev                          # tests
   shellcheck                            # lint of the job scripts (a test)
@@ -22,6 +23,9 @@ packages=(
   clang libclang-rt-14-dev              # libFuzzer targets (tests/fuzz)
   gnuplot-nox                           # the scaling report's PNG (jobs/bench_scaling.sh)
   python3 python3-torch                 # tests/slurm's metrics comparison; the PyTorch DDP reference (jobs/ddp_reference.py)
+  python3-pil                           # test: Pillow's resize, the reference of convert's (tests/data)
+  python3-h5py                          # test: the M3AE reference reads the dataset file (tests/model/m3ae_reference.py)
+  nodejs                                # test: gpt-3-encoder, the reference of the RoBERTa BPE (tests/data)
 )
 
 missing=()
@@ -29,6 +33,8 @@ for package in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] || missing+=("$package")
 done
+# Debian's nodejs comes without npm; NodeSource's nodejs brings its own.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if ((${#missing[@]})); then
   echo "env/setup.sh: installing ${missing[*]}"
@@ -37,6 +43,17 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq \
     "${missing[@]}" >/dev/null
+fi
+
+# Test-only npm packages (env/npm/package-lock.json pins them) into the
+# git-ignored env/npm/node_modules; again only when the lock file changes.
+npm_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/npm"
+if [[ ! -e $npm_dir/node_modules/.package-lock.json ||
+      $npm_dir/package-lock.json -nt $npm_dir/node_modules/.package-lock.json ]]; then
+  echo "env/setup.sh: npm ci in $npm_dir (test references)"
+  npm ci --prefix "$npm_dir" --no-audit --no-fund --loglevel=error >/dev/null ||
+    echo "env/setup.sh: warning: npm ci failed (no registry?); the BPE parity test" \
+         "(data_tokenizer) will fail until it succeeds" >&2
 fi
 
 # Debian picks OpenBLAS over the reference BLAS by priority; say which is active.

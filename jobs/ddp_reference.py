@@ -372,8 +372,20 @@ def vqa_loss(logits, targets):
     return F.binary_cross_entropy_with_logits(logits.float(), targets) * targets.size(1)
 
 
+def torch_version():
+    """(major, minor) of the imported PyTorch, e.g. (1, 13) or (2, 6)."""
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
 def run_rank(rank, args, port):
     torch.set_num_threads(args.threads)
+    # PyTorch 2.4 made the TCP rendezvous store use libuv by default, and
+    # Debian's python3-torch 2.x is built without it ("use_libuv was requested
+    # but PyTorch was build without libuv support"): ask for the store 1.x
+    # always uses, unless USE_LIBUV is set.
+    if torch_version() >= (2, 4):
+        os.environ.setdefault("USE_LIBUV", "0")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=args.ranks)
     c = model_config(args)

@@ -39,7 +39,8 @@ with open(sys.argv[1]) as lines:
             record = json.loads(line)
         except ValueError as error:
             sys.exit(f"plot_run.sh: {sys.argv[1]} line {number}: not JSON ({error})")
-        records[record["epoch"]] = record
+        if "epoch" in record:  # an --eval-only record has none
+            records[record["epoch"]] = record
 def value(record, key, scale=1.0):
     return f"{record[key] * scale:.6g}" if key in record else "nan"
 for epoch in sorted(records):

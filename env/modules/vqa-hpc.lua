@@ -13,6 +13,7 @@ load("openmpi/4.1")          -- the same MPI that HDF5 was built against
 load("hdf5/1.14-openmpi")    -- must be the parallel (MPI-IO) build
 load("boost/1.83")
 load("opencv/4.8")
+load("pcre2/10.42")          -- the RoBERTa tokenizer's Unicode pattern in vqa_prep
 
 -- A CUDA LibTorch 2.x unpacked by the site or the user (download from pytorch.org).
 local libtorch = os.getenv("LIBTORCH_ROOT") or "/opt/libtorch-2.4-cu124"

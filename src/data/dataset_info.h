@@ -9,6 +9,15 @@
 
 namespace vqa::data {
 
+// Token ids with a role, as the file records them (FORMAT.md). The defaults
+// are the word tokenizer's (and every version-1 file's).
+struct SpecialTokenIds {
+  int64_t pad = 0;   // padding after the question (attention mask 0)
+  int64_t cls = 2;   // the first token: <cls> (word), <s> (roberta)
+  int64_t eos = -1;  // the last real token: </s> (roberta); -1 when the tokenizer has none
+  int64_t unk = 1;   // a token outside the vocabulary
+};
+
 struct DatasetInfo {
   std::string path, split;
   int64_t num_questions = 0, num_images = 0;
@@ -20,9 +29,15 @@ struct DatasetInfo {
   // Format version, split, counts and a checksum of the header and
   // vocabularies: equal strings on two ranks mean the same dataset.
   std::string identity;
-  std::vector<std::string> answer_labels;     // label id -> answer text
-  std::string tokenizer;                      // the tokenizer kind, e.g. "word"
+  std::vector<std::string> answer_labels;   // label id -> answer text
+  std::vector<std::string> question_types;  // question type code -> name
+  std::string tokenizer;                    // the tokenizer kind: "word" or "roberta"
+  SpecialTokenIds special_tokens;
+  // "<vocab.json sha256> <merges.txt sha256>" of a roberta tokenizer; empty for word.
+  std::string tokenizer_sha256;
   std::vector<double> image_mean, image_std;  // per channel, pixel values in [0, 1]
+  std::string image_normalization;            // what mean/std are: "dataset", "clip" or "none"
+  int64_t format_version = 0;                 // the file's
 };
 
 }  // namespace vqa::data

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <tuple>
 
 #include "util/hdf5_error.h"  // hdf5_error_stack
 
@@ -58,14 +59,6 @@ std::vector<T> read_chunk_rows(hid_t dataset, hid_t memory_type,
     }
   }
   return values;
-}
-
-// "0", "0.25", "nan", "1e-30" for messages (std::to_string gives
-// "0.000000", also for 1e-30).
-std::string number_text(double value) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.9g", value);
-  return text;
 }
 
 std::vector<int64_t> row_range(int64_t first, int64_t count) {
@@ -135,90 +128,6 @@ Hdf5Id DatasetReader::open_checked(const std::string& name, const std::vector<st
   return dataset;
 }
 
-void DatasetReader::validate_header() {
-  const hid_t root = file_.get();
-  mark(std::string("attribute '") + kAttrFormat + "'");
-  const std::string format = hdf5_read_string_attribute(root, kAttrFormat, path_);
-  if (format != kFormatName) fail("attribute 'format'", "is '" + format + "', expected 'vqa-hpc'");
-  mark(std::string("attribute '") + kAttrFormatVersion + "'");
-  const int64_t version = hdf5_read_int_attribute(root, kAttrFormatVersion, path_);
-  if (version != kFormatVersion) {
-    fail("attribute 'format_version'", "is " + std::to_string(version) +
-                                           ", this build reads version " +
-                                           std::to_string(kFormatVersion));
-  }
-  mark(std::string("attribute '") + kAttrImageStorage + "'");
-  const std::string storage = hdf5_read_string_attribute(root, kAttrImageStorage, path_);
-  if (storage != "pixels" && storage != "features") {
-    fail("attribute 'image_storage'", "is '" + storage + "', expected 'pixels' or 'features'");
-  }
-  info_.has_features = storage == "features";
-  mark(std::string("attribute '") + kAttrImageSize + "'");
-  info_.image_size = hdf5_read_int_attribute(root, kAttrImageSize, path_);
-  if (info_.has_features ? info_.image_size != 0
-                         : (info_.image_size < 1 || info_.image_size > kMaxImageSize)) {
-    fail("attribute 'image_size'",
-         "is " + std::to_string(info_.image_size) +
-             (info_.has_features ? ", expected 0 with features"
-                                 : ", expected 1.." + std::to_string(kMaxImageSize)));
-  }
-  mark(std::string("attribute '") + kAttrImageMean + "'");
-  info_.image_mean = hdf5_read_double_attribute(root, kAttrImageMean, path_);
-  mark(std::string("attribute '") + kAttrImageStd + "'");
-  info_.image_std = hdf5_read_double_attribute(root, kAttrImageStd, path_);
-  if (info_.image_mean.size() != 3 || info_.image_std.size() != 3) {
-    fail("attributes 'image_mean'/'image_std'",
-         "need 3 values each, found " + std::to_string(info_.image_mean.size()) + " and " +
-             std::to_string(info_.image_std.size()));
-  }
-  for (size_t c = 0; c < 3; ++c) {
-    if (!std::isfinite(info_.image_mean[c])) {
-      fail("attribute 'image_mean'", "channel " + std::to_string(c) + " is " +
-                                         number_text(info_.image_mean[c]) +
-                                         ", expected a finite number");
-    }
-    if (!(info_.image_std[c] > 0.0) || !std::isfinite(info_.image_std[c])) {
-      fail("attribute 'image_std'", "channel " + std::to_string(c) + " is " +
-                                        number_text(info_.image_std[c]) +
-                                        ", expected a number > 0");
-    }
-  }
-  mark(std::string("attribute '") + kAttrMaxQuestionLength + "'");
-  info_.max_question_length = hdf5_read_int_attribute(root, kAttrMaxQuestionLength, path_);
-  if (info_.max_question_length < 1 || info_.max_question_length > kMaxQuestionLength) {
-    fail("attribute 'max_question_length'", "is " + std::to_string(info_.max_question_length) +
-                                                ", expected 1.." +
-                                                std::to_string(kMaxQuestionLength));
-  }
-  mark(std::string("attribute '") + kAttrNumAnswers + "'");
-  info_.num_answers = hdf5_read_int_attribute(root, kAttrNumAnswers, path_);
-  if (info_.num_answers < 1 || info_.num_answers > kMaxAnswers) {
-    fail("attribute 'num_answers'", "is " + std::to_string(info_.num_answers) + ", expected 1.." +
-                                        std::to_string(kMaxAnswers));
-  }
-  mark(std::string("attribute '") + kAttrTokenizer + "'");
-  info_.tokenizer = hdf5_read_string_attribute(root, kAttrTokenizer, path_);
-
-  std::vector<int64_t> shape;
-  Hdf5Id answers = open_checked(kAnswerVocabulary, {"string"}, {info_.num_answers}, &shape);
-  mark(std::string("dataset '") + kAnswerVocabulary + "' (its strings)");
-  info_.answer_labels = hdf5_read_strings(answers.get(), 0, shape[0], kAnswerVocabulary, path_);
-  Hdf5Id tokens = open_checked(kTokenVocabulary, {"string"}, {-1}, &shape);
-  if (shape[0] <= kClassToken || shape[0] > kMaxVocabulary) {
-    fail(std::string("dataset '") + kTokenVocabulary + "'",
-         "has " + std::to_string(shape[0]) + " entries, expected " +
-             std::to_string(kClassToken + 1) + ".." + std::to_string(kMaxVocabulary));
-  }
-  mark(std::string("dataset '") + kTokenVocabulary + "' (its strings)");
-  tokens_ = hdf5_read_strings(tokens.get(), 0, shape[0], kTokenVocabulary, path_);
-  info_.vocab_size = shape[0];
-  Hdf5Id types = open_checked(kQuestionTypeVocabulary, {"string"}, {-1}, &shape);
-  if (shape[0] > kMaxAnswers)
-    fail(kQuestionTypeVocabulary, "has " + std::to_string(shape[0]) + " entries");
-  mark(std::string("dataset '") + kQuestionTypeVocabulary + "' (its strings)");
-  question_types_ = hdf5_read_strings(types.get(), 0, shape[0], kQuestionTypeVocabulary, path_);
-}
-
 void DatasetReader::open_split_datasets() {
   if (split_.empty() || split_.find('/') != std::string::npos ||
       !hdf5_exists(file_.get(), "/" + split_)) {
@@ -266,20 +175,22 @@ void DatasetReader::open_split_datasets() {
   target_scores_ = open_checked(prefix + kTargetScores, {"float32"}, {n, max_targets_}, nullptr);
 
   Fingerprint fingerprint;
-  for (const auto& text :
-       {info_.tokenizer, std::string(info_.has_features ? "features" : "pixels")}) {
+  for (const auto& text : {info_.tokenizer, std::string(info_.has_features ? "features" : "pixels"),
+                           info_.tokenizer_sha256, info_.image_normalization}) {
     fingerprint.add(text);
   }
-  for (int64_t value : {info_.image_size, info_.max_question_length, info_.feature_tokens,
-                        info_.feature_dim, max_targets_}) {
+  const SpecialTokenIds& special = info_.special_tokens;
+  for (int64_t value :
+       {info_.image_size, info_.max_question_length, info_.feature_tokens, info_.feature_dim,
+        max_targets_, special.pad, special.cls, special.eos, special.unk}) {
     fingerprint.add(value);
   }
   for (double value : info_.image_mean) fingerprint.add(std::to_string(value));
   for (double value : info_.image_std) fingerprint.add(std::to_string(value));
   for (const auto& label : info_.answer_labels) fingerprint.add(label);
   for (const auto& token : tokens_) fingerprint.add(token);
-  info_.identity = "v" + std::to_string(kFormatVersion) + "/" + split_ + "/q" + std::to_string(n) +
-                   "/i" + std::to_string(info_.num_images) + "/K" +
+  info_.identity = "v" + std::to_string(info_.format_version) + "/" + split_ + "/q" +
+                   std::to_string(n) + "/i" + std::to_string(info_.num_images) + "/K" +
                    std::to_string(info_.num_answers) + "/V" + std::to_string(info_.vocab_size) +
                    "/" + fingerprint.hex();
 }
@@ -387,6 +298,8 @@ QuestionRows DatasetReader::read_question_rows(const std::vector<int64_t>& rows)
                                                prefix + kAnswerType, path_);
   result.question_id = hdf5_read_rows<int64_t>(question_id_.get(), H5T_NATIVE_INT64, rows, 1,
                                                prefix + kQuestionId, path_);
+  result.question_type = hdf5_read_rows<int64_t>(question_type_.get(), H5T_NATIVE_INT64, rows, 1,
+                                                 prefix + kQuestionType, path_);
   result.labels = hdf5_read_rows<int32_t>(target_labels_.get(), H5T_NATIVE_INT32, rows,
                                           max_targets_, prefix + kTargetLabels, path_);
   result.scores = hdf5_read_rows<float>(target_scores_.get(), H5T_NATIVE_FLOAT, rows, max_targets_,

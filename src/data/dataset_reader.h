@@ -60,6 +60,7 @@ class ReadProgress {
 struct QuestionRows {
   std::vector<int64_t> token_ids, attention_mask;            // [n, L]
   std::vector<int64_t> image_row, answer_type, question_id;  // [n]
+  std::vector<int64_t> question_type;                        // [n], -1 = unknown
   std::vector<int32_t> labels;                               // [n, M], -1 = none
   std::vector<float> scores;                                 // [n, M]
 };
@@ -91,6 +92,8 @@ class DatasetReader {
 
  private:
   void validate_header();
+  void validate_version2_header();  // tokenizer kind, special ids, normalisation (v1: defaults)
+  void validate_special_tokens();   // once the vocabulary size is known
   void open_split_datasets();
   void validate_rows();
   Hdf5Id open_checked(const std::string& name, const std::vector<std::string>& dtypes,

@@ -9,8 +9,14 @@
 
 namespace vqa::data {
 
-// Bump on any change a version-1 reader would misread.
-constexpr int64_t kFormatVersion = 1;
+// The version this build writes; bump on any change an older reader would
+// misread. Version 2 records the tokenizer's special token ids (a RoBERTa
+// vocabulary has <s> = 0, <pad> = 1: version 1 fixed <pad> = 0, <cls> = 2),
+// the image normalisation and the tokenizer files' SHA-256. Readers accept
+// kOldestFormatVersion..kFormatVersion; a version-1 file reads as the word
+// tokenizer with ids 0, 1, 2 and no end token.
+constexpr int64_t kFormatVersion = 2;
+constexpr int64_t kOldestFormatVersion = 1;
 constexpr const char* kFormatName = "vqa-hpc";
 
 // Root attributes.
@@ -22,8 +28,27 @@ constexpr const char* kAttrImageMean = "image_mean";  // float64[3], pixel value
 constexpr const char* kAttrImageStd = "image_std";
 constexpr const char* kAttrMaxQuestionLength = "max_question_length";
 constexpr const char* kAttrNumAnswers = "num_answers";
-constexpr const char* kAttrTokenizer = "tokenizer";
+constexpr const char* kAttrTokenizer = "tokenizer";  // kTokenizerWord | kTokenizerRoberta
 constexpr const char* kAttrCreatedBy = "created_by";
+// Since version 2.
+constexpr const char* kAttrPadTokenId = "pad_token_id";  // int64: padding after the question
+constexpr const char* kAttrClsTokenId = "cls_token_id";  // int64: first token (<cls>, <s>)
+constexpr const char* kAttrEosTokenId = "eos_token_id";  // int64: last real token (</s>), -1 none
+constexpr const char* kAttrUnkTokenId = "unk_token_id";  // int64: out-of-vocabulary token
+constexpr const char* kAttrTokenizerSha256 = "tokenizer_sha256";        // string, see FORMAT.md
+constexpr const char* kAttrImageNormalization = "image_normalization";  // kNormalization*
+
+constexpr const char* kTokenizerWord = "word";
+constexpr const char* kTokenizerRoberta = "roberta";
+
+// What image_mean/image_std are: the training images' statistics, CLIP's
+// constants, or nothing to undo (features: mean 0, std 1).
+constexpr const char* kNormalizationDataset = "dataset";
+constexpr const char* kNormalizationClip = "clip";
+constexpr const char* kNormalizationNone = "none";
+// OpenAI CLIP's per-channel mean and std (RGB, [0, 1] units), which M3AE uses.
+constexpr double kClipMean[3] = {0.48145466, 0.4578275, 0.40821073};
+constexpr double kClipStd[3] = {0.26862954, 0.26130258, 0.27577711};
 
 // Vocabularies (variable-length UTF-8 strings), shared by every split.
 constexpr const char* kAnswerVocabulary = "/vocab/answers";
@@ -48,7 +73,8 @@ constexpr const char* kTargetScores = "targets/scores";             // float32 [
 constexpr int kAnswerTypeClosed = 0;
 constexpr int kAnswerTypeOpen = 1;
 
-// Token ids with a fixed meaning in every tokenizer's vocabulary.
+// The word tokenizer's special token ids (and every version-1 file's). Other
+// tokenizers record theirs (kAttr*TokenId; DatasetInfo::special_tokens).
 constexpr int32_t kPadToken = 0;
 constexpr int32_t kUnknownToken = 1;
 constexpr int32_t kClassToken = 2;  // first token of every question; the text encoder pools it

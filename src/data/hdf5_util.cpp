@@ -1,5 +1,6 @@
 #include "data/hdf5_util.h"
 
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -59,6 +60,12 @@ void hdf5_require(int64_t rc, const char* what) {
     throw std::runtime_error(std::string("HDF5: ") + what + " failed: " + util::hdf5_error_stack());
 }
 }  // namespace
+
+std::string number_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.9g", value);
+  return text;
+}
 
 void hdf5_try(int64_t rc, const char* what, const std::string& path) {
   if (rc < 0) {

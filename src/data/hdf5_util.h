@@ -45,6 +45,10 @@ class Hdf5Id {
 // objects and reports failures in its own words.
 void hdf5_silence_errors();
 
+// "0", "0.25", "nan", "1e-30" for messages (std::to_string gives
+// "0.000000", also for 1e-30).
+std::string number_text(double value);
+
 // Throws DataFormatError "<path>: <what> failed: <HDF5 error stack>" when rc < 0.
 void hdf5_try(int64_t rc, const char* what, const std::string& path);
 

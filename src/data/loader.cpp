@@ -83,6 +83,7 @@ Batch read_batch(DatasetReader& reader, const std::vector<int64_t>& rows,
   batch.attention_mask = as_tensor(questions.attention_mask, {u, length});
   batch.answer_type = as_tensor(questions.answer_type, {u});
   batch.question_ids = as_tensor(questions.question_id, {u});
+  batch.question_type = as_tensor(questions.question_type, {u});
   batch.valid = torch::tensor(valid, torch::kFloat32);
 
   // Sparse (label, score) pairs to dense soft scores; labels were range-checked.

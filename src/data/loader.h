@@ -43,8 +43,9 @@ struct Batch {
   torch::Tensor attention_mask;  // int64 [B,L], 1 for real tokens, 0 for padding
   torch::Tensor
       targets;  // float32 [B,K] dense soft scores (zeros when the answer is outside the label set)
-  torch::Tensor answer_type;   // int64 [B], 0 = closed, 1 = open
-  torch::Tensor question_ids;  // int64 [B]
+  torch::Tensor answer_type;    // int64 [B], 0 = closed, 1 = open
+  torch::Tensor question_ids;   // int64 [B]
+  torch::Tensor question_type;  // int64 [B]: code into DatasetInfo::question_types, -1 unknown
   torch::Tensor valid;  // float32 [B]: 1 for a real sample, 0 for a wrap-around padding sample
   int64_t size() const { return question_ids.defined() ? question_ids.size(0) : 0; }
 };

@@ -55,8 +55,10 @@ ModelConfig model_config_preset(const std::string& name) {
     config.dropout = 0.0;
   } else if (name == "base") {
     // M3AE: CLIP ViT-B/16 without its last block at 384 px, RoBERTa-base, six
-    // co-attention layers per side. 512 positions: RoBERTa's 514 less its two
-    // offset slots.
+    // co-attention layers per side, weight-compatible with m3ae.ckpt (the
+    // CLIP and RoBERTa details below; the sizes may be overridden for a small
+    // model of the same structure). 512 positions: RoBERTa's 514-row table
+    // less its two offset rows.
     config.hidden = 768;
     config.heads = 12;
     config.ffn = 3072;
@@ -69,6 +71,11 @@ ModelConfig model_config_preset(const std::string& name) {
     config.max_text_length = 512;
     config.num_answers = 500;
     config.dropout = 0.1;
+    config.vision_activation = Activation::kQuickGelu;
+    config.text_layer_norm_eps = 1e-5;
+    config.head_layer_norm_eps = 1e-5;
+    config.roberta_positions = true;
+    config.text_token_type = true;
   } else {
     throw std::invalid_argument("unknown model preset '" + name +
                                 "' (valid presets: tiny, small, base)");
@@ -103,10 +110,21 @@ void model_config_validate(const ModelConfig& config) {
                                   std::to_string(config.patch_size) + ")");
     }
   }
+  for (const double eps : {config.vision_layer_norm_eps, config.text_layer_norm_eps,
+                           config.fusion_layer_norm_eps, config.head_layer_norm_eps}) {
+    if (!(eps > 0.0)) {
+      throw std::invalid_argument("model config: LayerNorm epsilons must be positive, got " +
+                                  std::to_string(eps));
+    }
+  }
   if (config.dropout < 0.0 || config.dropout >= 1.0) {
     throw std::invalid_argument("model config: dropout must lie in [0, 1), got " +
                                 std::to_string(config.dropout));
   }
+}
+
+const char* activation_name(Activation activation) {
+  return activation == Activation::kQuickGelu ? "quick_gelu" : "gelu";
 }
 
 std::string model_config_describe(const ModelConfig& config) {
@@ -120,8 +138,14 @@ std::string model_config_describe(const ModelConfig& config) {
     line << " input=features feature_tokens=" << config.feature_tokens
          << " feature_dim=" << config.feature_dim;
   } else {
-    line << " input=pixels image_size=" << config.image_size << " patch_size=" << config.patch_size;
+    line << " input=pixels image_size=" << config.image_size << " patch_size=" << config.patch_size
+         << " vision_activation=" << activation_name(config.vision_activation);
   }
+  line << " layer_norm_eps(vision/text/fusion/head)=" << config.vision_layer_norm_eps << "/"
+       << config.text_layer_norm_eps << "/" << config.fusion_layer_norm_eps << "/"
+       << config.head_layer_norm_eps
+       << " text_positions=" << (config.roberta_positions ? "roberta" : "plain")
+       << " text_token_type=" << (config.text_token_type ? "true" : "false");
   return line.str();
 }
 

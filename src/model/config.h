@@ -8,6 +8,10 @@
 
 namespace vqa::model {
 
+// The activation of the vision blocks' MLP: exact GELU, or CLIP's QuickGELU
+// x * sigmoid(1.702 x), which CLIP (and so M3AE's vision encoder) was trained with.
+enum class Activation { kGelu, kQuickGelu };
+
 struct ModelConfig {
   std::string preset;  // "tiny" | "small" | "base", or whatever the job names a custom one
   int64_t hidden = 0;  // width of both encoders and of the fusion layers
@@ -32,7 +36,25 @@ struct ModelConfig {
   // Dropout on attention probabilities and residual branches of the text
   // encoder and the fusion layers (BERT's placement; the ViT has none, as in CLIP).
   double dropout = 0.0;
+
+  // What makes the base preset weight-compatible with M3AE (m3ae.ckpt); tiny
+  // and small keep the first values (their runs and tests are unchanged).
+  Activation vision_activation = Activation::kGelu;  // base: kQuickGelu (CLIP)
+  double vision_layer_norm_eps = 1e-5;               // CLIP's
+  double text_layer_norm_eps = 1e-12;                // base: 1e-5 (roberta-base)
+  double fusion_layer_norm_eps = 1e-12;              // M3AE's BertCrossLayer (BertConfig default)
+  double head_layer_norm_eps = 1e-12;                // base: 1e-5 (M3AE's nn.LayerNorm in vqa_head)
+  // RoBERTa's positions: a real token's position is 1 + its rank among the
+  // real tokens (1-based), padding sits at row 1 (padding_idx), and the table
+  // has max_text_length + 2 rows; false: positions 0..L-1 of a
+  // max_text_length-row table.
+  bool roberta_positions = false;
+  // A token-type embedding [1, hidden] added to every text token (RoBERTa's
+  // token_type_embeddings with its single type).
+  bool text_token_type = false;
 };
+
+const char* activation_name(Activation activation);  // "gelu" | "quick_gelu"
 
 // The named preset: "tiny" (tests; milliseconds per CPU step), "small" (CPU
 // benchmarks) or "base" (M3AE's sizes). Throws std::invalid_argument naming

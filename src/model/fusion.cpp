@@ -9,18 +9,21 @@ constexpr int64_t kImageType = 1;
 
 }  // namespace
 
-CoAttentionFusionImpl::CoAttentionFusionImpl(int64_t hidden, int64_t heads, int64_t ffn,
-                                             int64_t layers, double dropout)
-    : text_projection_(torch::nn::LinearOptions(hidden, hidden)),
-      image_projection_(torch::nn::LinearOptions(hidden, hidden)),
-      modality_type_embeddings_(torch::nn::EmbeddingOptions(/*num_embeddings=*/2, hidden)) {
+CoAttentionFusionImpl::CoAttentionFusionImpl(const ModelConfig& config)
+    : text_projection_(torch::nn::LinearOptions(config.hidden, config.hidden)),
+      image_projection_(torch::nn::LinearOptions(config.hidden, config.hidden)),
+      modality_type_embeddings_(torch::nn::EmbeddingOptions(/*num_embeddings=*/2, config.hidden)) {
+  const auto layer = [&config] {
+    return CoAttentionLayer(config.hidden, config.heads, config.ffn, config.dropout,
+                            config.fusion_layer_norm_eps);
+  };
   register_module("text_projection", text_projection_);
   register_module("image_projection", image_projection_);
   register_module("modality_type_embeddings", modality_type_embeddings_);
-  for (int64_t i = 0; i < layers; ++i) {
-    typed_text_layers_.emplace_back(hidden, heads, ffn, dropout);
+  for (int64_t i = 0; i < config.fusion_layers; ++i) {
+    typed_text_layers_.push_back(layer());
     text_layers_->push_back(typed_text_layers_.back());
-    typed_image_layers_.emplace_back(hidden, heads, ffn, dropout);
+    typed_image_layers_.push_back(layer());
     image_layers_->push_back(typed_image_layers_.back());
   }
   register_module("text_layers", text_layers_);

@@ -10,13 +10,15 @@
 #include <utility>
 #include <vector>
 
+#include "model/config.h"  // ModelConfig
 #include "model/layers.h"  // CoAttentionLayer
 
 namespace vqa::model {
 
 class CoAttentionFusionImpl : public torch::nn::Module {
  public:
-  CoAttentionFusionImpl(int64_t hidden, int64_t heads, int64_t ffn, int64_t layers, double dropout);
+  // fusion_layers per side; sizes, dropout and fusion_layer_norm_eps from the config.
+  explicit CoAttentionFusionImpl(const ModelConfig& config);
 
   // text [B, Lt, hidden] with text_key_bias (attention_key_bias of its
   // padding mask, honoured by text self-attention and by images attending to

@@ -1,15 +1,13 @@
 #include "model/head.h"
 
-#include "model/layers.h"  // kBertLayerNormEps
-
 namespace vqa::model {
 
-VqaHeadImpl::VqaHeadImpl(int64_t hidden, int64_t num_answers)
-    : text_pooler_(torch::nn::LinearOptions(hidden, hidden)),
-      image_pooler_(torch::nn::LinearOptions(hidden, hidden)),
-      dense_(torch::nn::LinearOptions(2 * hidden, 2 * hidden)),
-      norm_(torch::nn::LayerNormOptions({2 * hidden}).eps(kBertLayerNormEps)),
-      output_(torch::nn::LinearOptions(2 * hidden, num_answers)) {
+VqaHeadImpl::VqaHeadImpl(const ModelConfig& config)
+    : text_pooler_(torch::nn::LinearOptions(config.hidden, config.hidden)),
+      image_pooler_(torch::nn::LinearOptions(config.hidden, config.hidden)),
+      dense_(torch::nn::LinearOptions(2 * config.hidden, 2 * config.hidden)),
+      norm_(torch::nn::LayerNormOptions({2 * config.hidden}).eps(config.head_layer_norm_eps)),
+      output_(torch::nn::LinearOptions(2 * config.hidden, config.num_answers)) {
   register_module("text_pooler", text_pooler_);
   register_module("image_pooler", image_pooler_);
   register_module("dense", dense_);

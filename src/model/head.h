@@ -5,13 +5,15 @@
 
 #include <cstdint>
 
+#include "model/config.h"  // ModelConfig
+
 namespace vqa::model {
 
 // tanh poolers on token 0 of each side, concatenated (2 x hidden), then
-// Linear(2h, 2h) -> LayerNorm -> GELU -> Linear(2h, num_answers).
+// Linear(2h, 2h) -> LayerNorm (head_layer_norm_eps) -> GELU -> Linear(2h, num_answers).
 class VqaHeadImpl : public torch::nn::Module {
  public:
-  VqaHeadImpl(int64_t hidden, int64_t num_answers);
+  explicit VqaHeadImpl(const ModelConfig& config);
 
   // text [B, Lt, hidden], image [B, Li, hidden]; returns logits [B, num_answers].
   torch::Tensor forward(const torch::Tensor& text, const torch::Tensor& image);

@@ -66,21 +66,28 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
   return output_(context);
 }
 
-FeedForwardImpl::FeedForwardImpl(int64_t hidden, int64_t ffn)
-    : up_(torch::nn::LinearOptions(hidden, ffn)), down_(torch::nn::LinearOptions(ffn, hidden)) {
+FeedForwardImpl::FeedForwardImpl(int64_t hidden, int64_t ffn, Activation activation)
+    : activation_(activation),
+      up_(torch::nn::LinearOptions(hidden, ffn)),
+      down_(torch::nn::LinearOptions(ffn, hidden)) {
   register_module("up", up_);
   register_module("down", down_);
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  return down_(torch::gelu(up_(x)));
+  const torch::Tensor inner = up_(x);
+  if (activation_ == Activation::kQuickGelu) {
+    return down_(inner * torch::sigmoid(1.702 * inner));
+  }
+  return down_(torch::gelu(inner));
 }
 
-PreNormBlockImpl::PreNormBlockImpl(int64_t hidden, int64_t heads, int64_t ffn)
-    : attention_norm_(layer_norm_options(hidden, kVisionLayerNormEps)),
-      feed_forward_norm_(layer_norm_options(hidden, kVisionLayerNormEps)),
+PreNormBlockImpl::PreNormBlockImpl(int64_t hidden, int64_t heads, int64_t ffn,
+                                   double layer_norm_eps, Activation activation)
+    : attention_norm_(layer_norm_options(hidden, layer_norm_eps)),
+      feed_forward_norm_(layer_norm_options(hidden, layer_norm_eps)),
       attention_(hidden, heads, /*dropout=*/0.0),
-      feed_forward_(hidden, ffn) {
+      feed_forward_(hidden, ffn, activation) {
   register_module("attention_norm", attention_norm_);
   register_module("attention", attention_);
   register_module("feed_forward_norm", feed_forward_norm_);
@@ -94,11 +101,12 @@ torch::Tensor PreNormBlockImpl::forward(const torch::Tensor& x) {
   return after_attention + feed_forward_(feed_forward_norm_(after_attention));
 }
 
-PostNormLayerImpl::PostNormLayerImpl(int64_t hidden, int64_t heads, int64_t ffn, double dropout)
+PostNormLayerImpl::PostNormLayerImpl(int64_t hidden, int64_t heads, int64_t ffn, double dropout,
+                                     double layer_norm_eps)
     : attention_(hidden, heads, dropout),
-      attention_norm_(layer_norm_options(hidden, kBertLayerNormEps)),
+      attention_norm_(layer_norm_options(hidden, layer_norm_eps)),
       feed_forward_(hidden, ffn),
-      feed_forward_norm_(layer_norm_options(hidden, kBertLayerNormEps)),
+      feed_forward_norm_(layer_norm_options(hidden, layer_norm_eps)),
       dropout_(torch::nn::DropoutOptions(dropout)) {
   register_module("attention", attention_);
   register_module("attention_norm", attention_norm_);
@@ -113,13 +121,13 @@ torch::Tensor PostNormLayerImpl::forward(const torch::Tensor& x, const torch::Te
 }
 
 CoAttentionLayerImpl::CoAttentionLayerImpl(int64_t hidden, int64_t heads, int64_t ffn,
-                                           double dropout)
+                                           double dropout, double layer_norm_eps)
     : self_attention_(hidden, heads, dropout),
-      self_attention_norm_(layer_norm_options(hidden, kBertLayerNormEps)),
+      self_attention_norm_(layer_norm_options(hidden, layer_norm_eps)),
       cross_attention_(hidden, heads, dropout),
-      cross_attention_norm_(layer_norm_options(hidden, kBertLayerNormEps)),
+      cross_attention_norm_(layer_norm_options(hidden, layer_norm_eps)),
       feed_forward_(hidden, ffn),
-      feed_forward_norm_(layer_norm_options(hidden, kBertLayerNormEps)),
+      feed_forward_norm_(layer_norm_options(hidden, layer_norm_eps)),
       dropout_(torch::nn::DropoutOptions(dropout)) {
   register_module("self_attention", self_attention_);
   register_module("self_attention_norm", self_attention_norm_);

@@ -10,11 +10,9 @@
 
 #include <cstdint>
 
-namespace vqa::model {
+#include "model/config.h"  // Activation
 
-// CLIP's LayerNorm epsilon (vision encoder) and BERT's (text encoder, fusion, head).
-constexpr double kVisionLayerNormEps = 1e-5;
-constexpr double kBertLayerNormEps = 1e-12;
+namespace vqa::model {
 
 // attention_mask: integer or bool [B, L], non-zero for a real token.
 // Returns the [B, 1, 1, L] additive bias in `dtype`.
@@ -39,13 +37,14 @@ class MultiHeadAttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MultiHeadAttention);
 
-// Linear(hidden, ffn) -> GELU -> Linear(ffn, hidden).
+// Linear(hidden, ffn) -> GELU (or QuickGELU) -> Linear(ffn, hidden).
 class FeedForwardImpl : public torch::nn::Module {
  public:
-  FeedForwardImpl(int64_t hidden, int64_t ffn);
+  FeedForwardImpl(int64_t hidden, int64_t ffn, Activation activation = Activation::kGelu);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
+  Activation activation_;
   torch::nn::Linear up_, down_;
 };
 TORCH_MODULE(FeedForward);
@@ -53,7 +52,8 @@ TORCH_MODULE(FeedForward);
 // A ViT block with LayerNorm before each branch (CLIP's residual block).
 class PreNormBlockImpl : public torch::nn::Module {
  public:
-  PreNormBlockImpl(int64_t hidden, int64_t heads, int64_t ffn);
+  PreNormBlockImpl(int64_t hidden, int64_t heads, int64_t ffn, double layer_norm_eps,
+                   Activation activation);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
@@ -66,7 +66,8 @@ TORCH_MODULE(PreNormBlock);
 // A BERT layer: LayerNorm after each residual sum.
 class PostNormLayerImpl : public torch::nn::Module {
  public:
-  PostNormLayerImpl(int64_t hidden, int64_t heads, int64_t ffn, double dropout);
+  PostNormLayerImpl(int64_t hidden, int64_t heads, int64_t ffn, double dropout,
+                    double layer_norm_eps);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& key_bias);
 
  private:
@@ -83,7 +84,8 @@ TORCH_MODULE(PostNormLayer);
 // each with a post-LayerNorm residual.
 class CoAttentionLayerImpl : public torch::nn::Module {
  public:
-  CoAttentionLayerImpl(int64_t hidden, int64_t heads, int64_t ffn, double dropout);
+  CoAttentionLayerImpl(int64_t hidden, int64_t heads, int64_t ffn, double dropout,
+                       double layer_norm_eps);
 
   // x [B, Lx, hidden] attends to itself under x_key_bias and to other
   // [B, Lo, hidden] under other_key_bias. Returns [B, Lx, hidden].

@@ -50,17 +50,14 @@ ParameterGroup group_of_child(const std::string& child) {
 M3AEImpl::M3AEImpl(const ModelConfig& config)
     // Validated before any member is built from it.
     : config_((model_config_validate(config), config)),
-      text_(config.hidden, config.heads, config.ffn, config.text_layers, config.vocab_size,
-            config.max_text_length, config.dropout),
-      fusion_(config.hidden, config.heads, config.ffn, config.fusion_layers, config.dropout),
-      head_(config.hidden, config.num_answers) {
+      text_(config),
+      fusion_(config),
+      head_(config) {
   if (config.use_features) {
-    feature_encoder_ = FeatureEncoder(config.hidden, config.feature_tokens, config.feature_dim);
+    feature_encoder_ = FeatureEncoder(config);
     register_module("vision", feature_encoder_);
   } else {
-    vision_transformer_ =
-        VisionTransformer(config.hidden, config.heads, config.ffn, config.vision_layers,
-                          config.image_size, config.patch_size);
+    vision_transformer_ = VisionTransformer(config);
     register_module("vision", vision_transformer_);
   }
   register_module("text", text_);
@@ -81,7 +78,7 @@ torch::Tensor M3AEImpl::forward(const torch::Tensor& images, const torch::Tensor
   // In the inputs' floating type, so that a model converted to half keeps
   // its attention scores in half.
   const torch::Tensor text_key_bias = attention_key_bias(attention_mask, images.scalar_type());
-  const torch::Tensor text_tokens = text_(token_ids, text_key_bias);
+  const torch::Tensor text_tokens = text_(token_ids, attention_mask, text_key_bias);
   const auto [fused_text, fused_image] = fusion_(text_tokens, text_key_bias, image_tokens);
   return head_(fused_text, fused_image);
 }

@@ -1,5 +1,6 @@
-// The text encoder: RoBERTa-style token and position embeddings, an embedding
-// LayerNorm, then post-LayerNorm BERT layers that never attend to padding.
+// The text encoder: RoBERTa-style token and position embeddings (and, for
+// M3AE's RoBERTa, its one token type), an embedding LayerNorm, then
+// post-LayerNorm BERT layers that never attend to padding.
 #pragma once
 
 #include <torch/torch.h>
@@ -7,26 +8,34 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/config.h"  // ModelConfig
 #include "model/layers.h"  // PostNormLayer
 
 namespace vqa::model {
 
 class TextEncoderImpl : public torch::nn::Module {
  public:
-  TextEncoderImpl(int64_t hidden, int64_t heads, int64_t ffn, int64_t layers, int64_t vocab_size,
-                  int64_t max_text_length, double dropout);
+  // Sizes, dropout, the LayerNorm epsilon, the position rule and the token
+  // type from the config (config.h).
+  explicit TextEncoderImpl(const ModelConfig& config);
 
   // token_ids: int64 [B, L] with L <= max_text_length and every id < vocab_size;
-  // key_bias: attention_key_bias() of the padding mask. Positions are 0..L-1
-  // (no RoBERTa offset: the table is ours, not a checkpoint's).
+  // attention_mask: integer [B, L], 1 for a real token (the real tokens of a
+  // row come first); key_bias: attention_key_bias() of that mask.
   // Returns [B, L, hidden]; rows at padded positions are computed but carry
   // nothing into real positions.
-  torch::Tensor forward(const torch::Tensor& token_ids, const torch::Tensor& key_bias);
+  torch::Tensor forward(const torch::Tensor& token_ids, const torch::Tensor& attention_mask,
+                        const torch::Tensor& key_bias);
+
+  // Rows of the position table: max_text_length, plus RoBERTa's two offset rows.
+  static int64_t position_rows(const ModelConfig& config);
 
  private:
   int64_t max_text_length_;
+  bool roberta_positions_;
   torch::nn::Embedding token_embeddings_;
   torch::nn::Embedding position_embeddings_;
+  torch::nn::Embedding token_type_embeddings_{nullptr};  // [1, hidden] when text_token_type
   torch::nn::LayerNorm embedding_norm_;
   torch::nn::Dropout embedding_dropout_;
   torch::nn::ModuleList layers_;

@@ -17,23 +17,25 @@ torch::Tensor add_class_token_and_positions(const torch::Tensor& tokens,
 
 }  // namespace
 
-VisionTransformerImpl::VisionTransformerImpl(int64_t hidden, int64_t heads, int64_t ffn,
-                                             int64_t layers, int64_t image_size, int64_t patch_size)
-    : image_size_(image_size),
+VisionTransformerImpl::VisionTransformerImpl(const ModelConfig& config)
+    : image_size_(config.image_size),
       // No bias: the LayerNorm right after it would cancel a constant shift anyway.
-      patch_embedding_(torch::nn::Conv2dOptions(/*in_channels=*/3, hidden, patch_size)
-                           .stride(patch_size)
+      patch_embedding_(torch::nn::Conv2dOptions(/*in_channels=*/3, config.hidden, config.patch_size)
+                           .stride(config.patch_size)
                            .bias(false)),
-      input_norm_(torch::nn::LayerNormOptions({hidden}).eps(kVisionLayerNormEps)),
-      output_norm_(torch::nn::LayerNormOptions({hidden}).eps(kVisionLayerNormEps)) {
-  const int64_t patches = (image_size / patch_size) * (image_size / patch_size);
+      input_norm_(torch::nn::LayerNormOptions({config.hidden}).eps(config.vision_layer_norm_eps)),
+      output_norm_(torch::nn::LayerNormOptions({config.hidden}).eps(config.vision_layer_norm_eps)) {
+  const int64_t hidden = config.hidden;
+  const int64_t grid = config.image_size / config.patch_size;
+  const int64_t patches = grid * grid;
   register_module("patch_embedding", patch_embedding_);
   class_token_ = register_parameter("class_token", torch::zeros({hidden}));
   position_embeddings_ =
       register_parameter("position_embeddings", torch::zeros({1 + patches, hidden}));
   register_module("input_norm", input_norm_);
-  for (int64_t i = 0; i < layers; ++i) {
-    typed_blocks_.emplace_back(hidden, heads, ffn);
+  for (int64_t i = 0; i < config.vision_layers; ++i) {
+    typed_blocks_.emplace_back(hidden, config.heads, config.ffn, config.vision_layer_norm_eps,
+                               config.vision_activation);
     blocks_->push_back(typed_blocks_.back());
   }
   register_module("blocks", blocks_);
@@ -54,11 +56,13 @@ torch::Tensor VisionTransformerImpl::forward(const torch::Tensor& images) {
   return output_norm_(x);
 }
 
-FeatureEncoderImpl::FeatureEncoderImpl(int64_t hidden, int64_t feature_tokens, int64_t feature_dim)
-    : feature_tokens_(feature_tokens),
-      feature_dim_(feature_dim),
-      projection_(torch::nn::LinearOptions(feature_dim, hidden)),
-      norm_(torch::nn::LayerNormOptions({hidden}).eps(kVisionLayerNormEps)) {
+FeatureEncoderImpl::FeatureEncoderImpl(const ModelConfig& config)
+    : feature_tokens_(config.feature_tokens),
+      feature_dim_(config.feature_dim),
+      projection_(torch::nn::LinearOptions(config.feature_dim, config.hidden)),
+      norm_(torch::nn::LayerNormOptions({config.hidden}).eps(config.vision_layer_norm_eps)) {
+  const int64_t hidden = config.hidden;
+  const int64_t feature_tokens = config.feature_tokens;
   register_module("projection", projection_);
   class_token_ = register_parameter("class_token", torch::zeros({hidden}));
   position_embeddings_ =

@@ -7,17 +7,19 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/config.h"  // ModelConfig
 #include "model/layers.h"  // PreNormBlock
 
 namespace vqa::model {
 
 // A ViT over pixels, shaped like CLIP's visual transformer: patch embedding
 // (a bias-free convolution with stride = kernel = patch_size), class token,
-// learned positions, LayerNorm, pre-LayerNorm blocks, final LayerNorm.
+// learned positions, LayerNorm, pre-LayerNorm blocks, final LayerNorm on
+// every token (M3AE's CLIP has no output projection). Sizes, the blocks'
+// activation and the LayerNorm epsilon come from the config.
 class VisionTransformerImpl : public torch::nn::Module {
  public:
-  VisionTransformerImpl(int64_t hidden, int64_t heads, int64_t ffn, int64_t layers,
-                        int64_t image_size, int64_t patch_size);
+  explicit VisionTransformerImpl(const ModelConfig& config);
 
   // images: float [B, 3, image_size, image_size], already normalised.
   // Returns [B, 1 + (image_size / patch_size)^2, hidden].
@@ -40,7 +42,7 @@ TORCH_MODULE(VisionTransformer);
 // features' scale is arbitrary; the fusion layers expect normalised input).
 class FeatureEncoderImpl : public torch::nn::Module {
  public:
-  FeatureEncoderImpl(int64_t hidden, int64_t feature_tokens, int64_t feature_dim);
+  explicit FeatureEncoderImpl(const ModelConfig& config);
 
   // features: float [B, T, feature_dim] with T <= feature_tokens.
   // Returns [B, 1 + T, hidden].

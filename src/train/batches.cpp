@@ -21,6 +21,7 @@ data::Batch batch_to_device(const data::Batch& batch, const torch::Device& devic
   moved.targets = batch.targets.to(device, /*non_blocking=*/true);
   moved.answer_type = batch.answer_type.to(device, /*non_blocking=*/true);
   moved.valid = batch.valid.to(device, /*non_blocking=*/true);
+  moved.question_type = batch.question_type.to(device, /*non_blocking=*/true);
   return moved;
 }
 

@@ -371,8 +371,11 @@ std::string checkpoint_latest(const std::string& out_dir, RunLog& log) {
   return "";
 }
 
-void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& optimizer,
-                     TrainState& state, RunLog& log) {
+namespace {
+
+// The file's bytes after checking them against its sidecar (a file without
+// one is read with a warning). Throws std::runtime_error naming the file.
+std::string read_verified(const std::string& path, RunLog& log) {
   std::string bytes;
   try {
     util::read_file_chunks(path,
@@ -394,9 +397,29 @@ void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& 
   } else {
     log.warn("checkpoint " + path + " " + problem + ": loading it unverified");
   }
+  return bytes;
+}
+
+// Runs `read` on the parsed archive; LibTorch's errors name the file.
+template <typename Read>
+void read_archive(const std::string& path, const std::string& bytes, Read read) {
   torch::serialize::InputArchive archive;
   try {
     archive.load_from(bytes.data(), bytes.size());
+    read(archive);
+  } catch (const c10::Error& e) {
+    throw std::runtime_error("checkpoint " + path +
+                             " is unreadable: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw std::runtime_error("checkpoint " + path + " is unreadable: " + e.what());
+  }
+}
+
+}  // namespace
+
+void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& optimizer,
+                     TrainState& state, RunLog& log) {
+  read_archive(path, read_verified(path, log), [&](torch::serialize::InputArchive& archive) {
     torch::serialize::InputArchive model_archive;
     archive.read("model", model_archive);
     model->load(model_archive);
@@ -404,12 +427,15 @@ void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& 
     archive.read("optimizer", optimizer_archive);
     optimizer.adamw().load(optimizer_archive);
     read_state(archive, state);
-  } catch (const c10::Error& e) {
-    throw std::runtime_error("checkpoint " + path +
-                             " is unreadable: " + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    throw std::runtime_error("checkpoint " + path + " is unreadable: " + e.what());
-  }
+  });
+}
+
+void checkpoint_load_model(const std::string& path, model::M3AE& model, RunLog& log) {
+  read_archive(path, read_verified(path, log), [&](torch::serialize::InputArchive& archive) {
+    torch::serialize::InputArchive model_archive;
+    archive.read("model", model_archive);
+    model->load(model_archive);
+  });
 }
 
 }  // namespace vqa::train

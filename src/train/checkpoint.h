@@ -73,6 +73,10 @@ std::string checkpoint_latest(const std::string& out_dir, RunLog& log);
 void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& optimizer,
                      TrainState& state, RunLog& log);
 
+// The model's weights alone from a checkpoint or best_model.pt (checked as
+// checkpoint_load does), for --init-from.
+void checkpoint_load_model(const std::string& path, model::M3AE& model, RunLog& log);
+
 // The result of checking a checkpoint file against its sidecar.
 struct CheckpointCheck {
   bool good = false;

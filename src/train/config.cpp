@@ -43,6 +43,9 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
       .add("warmup-ratio", &c.warmup_ratio,
            "share of optimiser steps with linear warm-up, then linear decay to 0")
       .add("grad-clip", &c.grad_clip, "clip the global gradient norm to this (0: off)")
+      .add("optimizer-recipe", &c.optimizer_recipe,
+           "vqa-hpc (groups by the model's parts, LibTorch's AdamW) | m3ae (M3AE's groups and "
+           "decay rules by its parameter names, transformers' AdamW, floor(ratio) warm-up)")
       .add("seed", &c.seed, "seed for initialisation, shuffling and dropout")
       .add("device", &c.device, "auto | cpu | cuda (GPU = local rank)")
       .add("backend", &c.backend, "gradient communicator: auto (from --device) | mpi | nccl")
@@ -85,6 +88,17 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
       .add("out", &c.out, "run directory: log, metrics, config, checkpoints")
       .add("resume", &c.resume,
            "'' (start fresh), 'auto' (latest checkpoint in --out if any) or a checkpoint file")
+      .add("init-from", &c.init_from,
+           "start from these weights: an M3AE state_dict as .safetensors "
+           "(data_prep/m3ae_to_safetensors.py m3ae.ckpt), or a vqa-hpc best_model.pt / "
+           "checkpoint (the model only); --resume wins when it finds a checkpoint")
+      .add("eval-only", &c.eval_only,
+           "evaluate the test split once with the --init-from or --resume weights and exit")
+      .add("predictions", &c.predictions,
+           "with --eval-only: write one JSON line per test question to this file (training "
+           "runs write <out>/predictions_best.jsonl at each new best epoch)")
+      .add("predictions-top", &c.predictions_top, "answers with scores per prediction line")
+      .add("predictions-logits", &c.predictions_logits, "add all K logits to every prediction line")
       .config_file_option("config");
 }
 
@@ -149,6 +163,23 @@ void config_finalize(TrainConfig& c, int world_size) {
   }
   if (c.faults.slow_ms < 0 || c.faults.data_delay_ms < 0) {
     fatal_user_error("--test-slow-ms and --test-data-delay-ms must be >= 0");
+  }
+  if (c.optimizer_recipe != "vqa-hpc" && c.optimizer_recipe != "m3ae") {
+    fatal_user_error("--optimizer-recipe must be vqa-hpc or m3ae, got '" + c.optimizer_recipe +
+                     "'");
+  }
+  if (c.predictions_top < 1) {
+    fatal_user_error("--predictions-top must be >= 1, got " + std::to_string(c.predictions_top));
+  }
+  if (c.eval_only && c.init_from.empty() && c.resume.empty()) {
+    fatal_user_error(
+        "--eval-only needs weights: --init-from FILE (M3AE .safetensors or a vqa-hpc .pt) or "
+        "--resume auto|FILE");
+  }
+  if (!c.predictions.empty() && !c.eval_only) {
+    fatal_user_error(
+        "--predictions FILE goes with --eval-only (training runs write "
+        "<out>/predictions_best.jsonl themselves)");
   }
   for (const char* device : {"auto", "cpu", "cuda"}) {
     if (c.device == device) return;

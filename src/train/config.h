@@ -39,7 +39,8 @@ struct TrainConfig {
   double lr_head_multiplier = 50.0;
   double weight_decay = 0.01;
   double warmup_ratio = 0.1;
-  double grad_clip = 0.0;  // max global gradient norm; 0: off
+  double grad_clip = 0.0;                    // max global gradient norm; 0: off
+  std::string optimizer_recipe = "vqa-hpc";  // vqa-hpc | m3ae (optimizer.h)
   uint64_t seed = 42;
   // distributed
   std::string device = "auto";   // auto | cpu | cuda
@@ -63,7 +64,12 @@ struct TrainConfig {
   int64_t timeline_steps = 5;        // optimiser steps in the timeline
   std::string nonfinite = "stop";    // stop | skip | off: a non-finite loss or gradient
   std::string out = "runs/quickstart";
-  std::string resume;  // "" none, "auto" latest in --out, or a checkpoint file
+  std::string resume;       // "" none, "auto" latest in --out, or a checkpoint file
+  std::string init_from;    // weights to start from: M3AE .safetensors, or a vqa-hpc .pt
+  bool eval_only = false;   // evaluate the test split once and exit
+  std::string predictions;  // --eval-only: JSON lines per question to this file
+  int64_t predictions_top = 5;
+  bool predictions_logits = false;
   std::string config_file;
   FaultInjection faults;  // --test-* options
 

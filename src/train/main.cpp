@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   runtime::set_collective_timeout(config.comm_timeout);
   const std::string config_ini = train::config_to_ini(config);
   train::require_same_on_all_ranks("configuration", config_ini);
-  if (train::run_already_complete(config, rank)) {
+  if (!config.eval_only && train::run_already_complete(config, rank)) {
     if (rank.rank == 0) {
       std::printf("vqa_train: %s/DONE: this run completed its %d epochs, nothing to do\n",
                   config.out.c_str(), config.epochs);
@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   const model::ModelConfig model_config = train::setup_model_config(config, train_loader.info());
   torch::manual_seed(config.seed);
   model::M3AE model(model_config);
+  const std::string initialized_from = train::init_model_if_asked(config, model, log);
   model->to(device);
   auto comm = runtime::communicator_create(runtime::backend_from_string(config.backend), device);
   train::broadcast_module_state(*model, *comm);
@@ -92,6 +93,10 @@ int main(int argc, char** argv) {
   train::report_run_start(parts, train_loader, test_loader, model_config, probe, resumed_from,
                           state);
 
-  // ---- training ---------------------------------------------------------------
+  // ---- evaluation only, or training ------------------------------------------
+  if (config.eval_only) {
+    return train::run_evaluation_only(
+        parts, test_loader, resumed_from.empty() ? initialized_from : "--resume " + resumed_from);
+  }
   return train::run_training(parts, train_loader, test_loader, probe, config_ini, state);
 }

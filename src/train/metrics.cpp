@@ -2,15 +2,18 @@
 
 namespace vqa::train {
 
-torch::Tensor count_answers(const torch::Tensor& logits, const torch::Tensor& targets,
-                            const torch::Tensor& answer_type, const torch::Tensor& valid) {
+torch::Tensor answers_correct(const torch::Tensor& logits, const torch::Tensor& targets) {
   torch::NoGradGuard no_grad;
   const auto predicted = logits.argmax(/*dim=*/1);
   const auto [best_score, best_label] = targets.max(/*dim=*/1);
-  const auto in_label_set = best_score > 0;
+  return (predicted == best_label).logical_and(best_score > 0);
+}
+
+torch::Tensor count_answers(const torch::Tensor& logits, const torch::Tensor& targets,
+                            const torch::Tensor& answer_type, const torch::Tensor& valid) {
+  torch::NoGradGuard no_grad;
   const auto counted = valid.to(torch::kFloat32);
-  const auto correct =
-      (predicted == best_label).logical_and(in_label_set).to(torch::kFloat32) * counted;
+  const auto correct = answers_correct(logits, targets).to(torch::kFloat32) * counted;
   const auto open = (answer_type == 1).to(torch::kFloat32) * counted;
   const auto closed = (answer_type == 0).to(torch::kFloat32) * counted;
   return torch::stack({correct.sum(), counted.sum(), (correct * open).sum(), open.sum(),

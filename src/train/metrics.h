@@ -21,6 +21,10 @@ enum AnswerCount : int64_t {
   kAnswerCounts
 };
 
+// bool [B]: the argmax of the logits is the argmax of the target, and the
+// target is inside the label set (not all zero).
+torch::Tensor answers_correct(const torch::Tensor& logits, const torch::Tensor& targets);
+
 // float32 [kAnswerCounts] on the logits' device. answer_type: 0 closed, 1 open;
 // valid: 1 real sample, 0 padding (not counted).
 torch::Tensor count_answers(const torch::Tensor& logits, const torch::Tensor& targets,

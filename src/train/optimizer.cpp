@@ -7,6 +7,9 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
+
+#include "model/m3ae_import.h"  // m3ae_parameter_sources: M3AE's names for the m3ae recipe
 
 namespace vqa::train {
 
@@ -31,7 +34,9 @@ bool fusable(const torch::Tensor& tensor) {
 }
 
 // The loop GCC and Clang vectorise: no aliasing, and sqrt without errno
-// (this file is compiled with -fno-math-errno, see CMakeLists.txt).
+// (this file is compiled with -fno-math-errno, see CMakeLists.txt). The
+// formula is a template parameter, so that the loop has no branch.
+template <bool kDecayAfterStep>
 void adamw_update_range(float* __restrict parameter, const float* __restrict gradient,
                         float* __restrict exp_avg, float* __restrict exp_avg_sq, int64_t n,
                         const AdamWCoefficients c) {
@@ -44,8 +49,51 @@ void adamw_update_range(float* __restrict parameter, const float* __restrict gra
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
     const float denom = std::sqrt(v) / c.sqrt_bias_correction2 + c.eps;
-    parameter[i] = parameter[i] * c.decay - c.step_size * (m / denom);
+    if constexpr (kDecayAfterStep) {
+      parameter[i] = (parameter[i] - c.step_size * (m / denom)) * c.decay;
+    } else {
+      parameter[i] = parameter[i] * c.decay - c.step_size * (m / denom);
+    }
   }
+}
+
+// M3AE's set_schedule rules on M3AE's parameter names.
+bool m3ae_is_head(const std::string& name) {
+  for (const char* head :
+       {"mlm_head", "mim_head", "itm_head", "vqa_head", "cls_head", "irtr_head"}) {
+    if (name.find(head) != std::string::npos) return true;
+  }
+  return false;
+}
+bool m3ae_no_decay(const std::string& name) {
+  for (const char* part : {"bias", "LayerNorm.bias", "LayerNorm.weight", "norm.bias", "norm.weight",
+                           "norm1.bias", "norm1.weight", "norm2.bias", "norm2.weight"}) {
+    if (name.find(part) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Group index {encoder, fusion, head} x {decay, no decay} of every
+// parameter, under the recipe.
+std::vector<std::pair<torch::Tensor, int>> grouped_parameters(model::M3AE& model,
+                                                              OptimizerRecipe recipe) {
+  std::vector<std::pair<torch::Tensor, int>> grouped;
+  if (recipe == OptimizerRecipe::kVqaHpc) {
+    for (auto& parameter : model::model_parameter_groups(model)) {
+      grouped.emplace_back(parameter.tensor, static_cast<int>(parameter.group) * 2 +
+                                                 (parameter.weight_decay ? 0 : 1));
+    }
+    return grouped;
+  }
+  auto parameters = model->named_parameters();
+  for (const auto& [name, source] : model::m3ae_parameter_sources(model)) {
+    const std::string& m3ae = source.name;
+    const bool head = m3ae_is_head(m3ae);
+    const bool multi_modal = m3ae.find("multi_modal") != std::string::npos;
+    const int part = head ? 2 : multi_modal ? 1 : 0;
+    grouped.emplace_back(parameters[name], part * 2 + (m3ae_no_decay(m3ae) ? 1 : 0));
+  }
+  return grouped;
 }
 
 }  // namespace
@@ -54,9 +102,24 @@ void adamw_update_fused(float* parameter, const float* gradient, float* exp_avg,
                         int64_t n, const AdamWCoefficients& c) {
   constexpr int64_t kGrain = 1 << 15;  // values per task: a few tens of microseconds
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-    adamw_update_range(parameter + begin, gradient + begin, exp_avg + begin, exp_avg_sq + begin,
-                       end - begin, c);
+    if (c.decay_after_step) {
+      adamw_update_range<true>(parameter + begin, gradient + begin, exp_avg + begin,
+                               exp_avg_sq + begin, end - begin, c);
+    } else {
+      adamw_update_range<false>(parameter + begin, gradient + begin, exp_avg + begin,
+                                exp_avg_sq + begin, end - begin, c);
+    }
   });
+}
+
+OptimizerRecipe optimizer_recipe_from_string(const std::string& name) {
+  if (name == "vqa-hpc") return OptimizerRecipe::kVqaHpc;
+  if (name == "m3ae") return OptimizerRecipe::kM3ae;
+  throw std::invalid_argument("unknown optimizer recipe '" + name + "' (expected vqa-hpc or m3ae)");
+}
+
+const char* optimizer_recipe_name(OptimizerRecipe recipe) {
+  return recipe == OptimizerRecipe::kM3ae ? "m3ae" : "vqa-hpc";
 }
 
 double linear_schedule_factor(int64_t step, int64_t warmup, int64_t total) {
@@ -65,13 +128,16 @@ double linear_schedule_factor(int64_t step, int64_t warmup, int64_t total) {
 }
 
 VqaOptimizer::VqaOptimizer(model::M3AE& model, const OptimizerSettings& settings)
-    : settings_(settings),
-      warmup_steps_(static_cast<int64_t>(std::ceil(settings.warmup_ratio * settings.total_steps))) {
+    : settings_(settings) {
+  // transformers' schedules take int(ratio x steps); ours rounds up, so that
+  // any positive ratio warms up.
+  const double warmup = settings.warmup_ratio * static_cast<double>(settings.total_steps);
+  warmup_steps_ = static_cast<int64_t>(
+      settings.recipe == OptimizerRecipe::kM3ae ? std::floor(warmup) : std::ceil(warmup));
   // Six groups: {encoder, fusion, head} x {decay, no decay}.
   std::vector<std::vector<torch::Tensor>> tensors(6);
-  for (auto& parameter : model::model_parameter_groups(model)) {
-    const int group = static_cast<int>(parameter.group) * 2 + (parameter.weight_decay ? 0 : 1);
-    tensors[group].push_back(parameter.tensor);
+  for (auto& [tensor, group] : grouped_parameters(model, settings.recipe)) {
+    tensors[group].push_back(tensor);
   }
   const double group_multiplier[3] = {1.0, settings.fusion_multiplier, settings.head_multiplier};
   std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -100,6 +166,8 @@ void VqaOptimizer::step(int64_t step) {
   }
   if (settings_.fused_cpu && fused_step_possible()) {
     fused_step();
+  } else if (settings_.recipe == OptimizerRecipe::kM3ae) {
+    transformers_step();
   } else {
     adamw_->step();
   }
@@ -120,44 +188,89 @@ bool VqaOptimizer::fused_step_possible() const {
   return true;
 }
 
-// LibTorch's AdamW::step (amsgrad off), with the moments kept where it keeps
-// them, so that either can take over from the other and checkpoints match.
-void VqaOptimizer::fused_step() {
-  torch::NoGradGuard no_grad;
-  auto& states = adamw_->state();
+namespace {
+// A parameter's AdamW state in LibTorch's map, created (zero moments) on first use.
+torch::optim::AdamWParamState& adamw_state_of(torch::optim::AdamW& adamw,
+                                              const torch::Tensor& parameter) {
+  auto& states = adamw.state();
   using Key = typename std::decay_t<decltype(states)>::key_type;
-  for (auto& group : adamw_->param_groups()) {
+  const Key key = optimizer_state_key<Key>(parameter);
+  auto found = states.find(key);
+  if (found == states.end()) {
+    auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+    fresh->step(0);
+    fresh->exp_avg(torch::zeros_like(parameter, torch::MemoryFormat::Preserve));
+    fresh->exp_avg_sq(torch::zeros_like(parameter, torch::MemoryFormat::Preserve));
+    found = states.emplace(key, std::move(fresh)).first;
+  }
+  return static_cast<torch::optim::AdamWParamState&>(*found->second);
+}
+
+// Calls step(options, parameter, gradient, state) for every parameter with a
+// gradient, group by group, after counting the step in its state.
+template <typename Step>
+void for_each_parameter_step(torch::optim::AdamW& adamw, Step step) {
+  torch::NoGradGuard no_grad;
+  for (auto& group : adamw.param_groups()) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
-    const double beta1 = std::get<0>(options.betas());
-    const double beta2 = std::get<1>(options.betas());
     for (auto& parameter : group.params()) {
       const torch::Tensor& gradient = parameter.grad();
       if (!gradient.defined()) continue;
-      const Key key = optimizer_state_key<Key>(parameter);
-      auto found = states.find(key);
-      if (found == states.end()) {
-        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
-        fresh->step(0);
-        fresh->exp_avg(torch::zeros_like(parameter, torch::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(torch::zeros_like(parameter, torch::MemoryFormat::Preserve));
-        found = states.emplace(key, std::move(fresh)).first;
-      }
-      auto& state = static_cast<torch::optim::AdamWParamState&>(*found->second);
+      auto& state = adamw_state_of(adamw, parameter);
       state.step(state.step() + 1);
-      const double bias_correction1 = 1 - std::pow(beta1, state.step());
-      const double bias_correction2 = 1 - std::pow(beta2, state.step());
-      const AdamWCoefficients coefficients{
-          static_cast<float>(1 - options.lr() * options.weight_decay()),
-          static_cast<float>(beta1),
-          static_cast<float>(beta2),
-          static_cast<float>(options.lr() / bias_correction1),
-          static_cast<float>(std::sqrt(bias_correction2)),
-          static_cast<float>(options.eps())};
-      adamw_update_fused(parameter.data_ptr<float>(), gradient.data_ptr<float>(),
-                         state.exp_avg().data_ptr<float>(), state.exp_avg_sq().data_ptr<float>(),
-                         parameter.numel(), coefficients);
+      step(options, parameter, gradient, state);
     }
   }
+}
+}  // namespace
+
+// transformers.optimization.AdamW.step (correct_bias on), in its order.
+void VqaOptimizer::transformers_step() {
+  for_each_parameter_step(
+      *adamw_, [](const torch::optim::AdamWOptions& options, torch::Tensor& parameter,
+                  const torch::Tensor& gradient, torch::optim::AdamWParamState& state) {
+        const auto [beta1, beta2] = options.betas();
+        state.exp_avg().mul_(beta1).add_(gradient, 1 - beta1);
+        state.exp_avg_sq().mul_(beta2).addcmul_(gradient, gradient, 1 - beta2);
+        const auto denom = state.exp_avg_sq().sqrt().add_(options.eps());
+        const double step_size = options.lr() * std::sqrt(1 - std::pow(beta2, state.step())) /
+                                 (1 - std::pow(beta1, state.step()));
+        parameter.addcdiv_(state.exp_avg(), denom, -step_size);
+        if (options.weight_decay() > 0) {
+          parameter.add_(parameter, -options.lr() * options.weight_decay());
+        }
+      });
+}
+
+// LibTorch's AdamW::step (amsgrad off), or transformers' (the m3ae recipe),
+// with the moments kept where LibTorch keeps them, so that either can take
+// over from the other and checkpoints match.
+void VqaOptimizer::fused_step() {
+  const bool transformers = settings_.recipe == OptimizerRecipe::kM3ae;
+  for_each_parameter_step(
+      *adamw_, [transformers](const torch::optim::AdamWOptions& options, torch::Tensor& parameter,
+                              const torch::Tensor& gradient, torch::optim::AdamWParamState& state) {
+        const auto [beta1, beta2] = options.betas();
+        const double bias_correction1 = 1 - std::pow(beta1, state.step());
+        const double bias_correction2 = 1 - std::pow(beta2, state.step());
+        AdamWCoefficients coefficients{};
+        coefficients.decay = static_cast<float>(1 - options.lr() * options.weight_decay());
+        coefficients.beta1 = static_cast<float>(beta1);
+        coefficients.beta2 = static_cast<float>(beta2);
+        coefficients.eps = static_cast<float>(options.eps());
+        if (transformers) {
+          coefficients.step_size =
+              static_cast<float>(options.lr() * std::sqrt(bias_correction2) / bias_correction1);
+          coefficients.sqrt_bias_correction2 = 1.0f;
+          coefficients.decay_after_step = true;
+        } else {
+          coefficients.step_size = static_cast<float>(options.lr() / bias_correction1);
+          coefficients.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));
+        }
+        adamw_update_fused(parameter.data_ptr<float>(), gradient.data_ptr<float>(),
+                           state.exp_avg().data_ptr<float>(), state.exp_avg_sq().data_ptr<float>(),
+                           parameter.numel(), coefficients);
+      });
 }
 
 }  // namespace vqa::train

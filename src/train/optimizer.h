@@ -1,7 +1,17 @@
-// M3AE's optimiser: AdamW (betas 0.9/0.98, eps 1e-8) with three learning-rate
-// groups (encoders x1, fusion x5, head x50), no weight decay on biases and
-// norm weights, and a linear warm-up then linear decay to 0, stepped every
-// optimiser step.
+// The optimiser: AdamW (betas 0.9/0.98, eps 1e-8) with three learning-rate
+// groups (encoders x1, fusion x5, head x50) and a linear warm-up then linear
+// decay to 0, stepped every optimiser step, in one of two recipes:
+//  - vqa-hpc: groups by the model's parts (model_parameter_groups), no weight
+//    decay on biases and LayerNorm weights, LibTorch's AdamW formula, warm-up
+//    of ceil(ratio x steps);
+//  - m3ae: M3AE's own set_schedule, so that fine-tuning the pretrained M3AE
+//    follows its recipe: groups by M3AE's parameter names (x5 for names with
+//    "multi_modal", poolers included, x50 for the heads), no decay for names
+//    containing "bias", "LayerNorm.", "norm." (so CLIP's ln_* weights, the
+//    head's LayerNorm weight and the position tables are decayed),
+//    transformers' AdamW (eps added to sqrt(v) before the bias correction,
+//    which goes into the step size; decoupled decay applied after the Adam
+//    step) and a warm-up of floor(ratio x steps).
 //
 // The parameter groups and the moments live in a torch::optim::AdamW, so
 // checkpoints keep LibTorch's format. On the CPU the update itself is one
@@ -14,13 +24,20 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "model/m3ae.h"  // M3AE, model_parameter_groups
 
 namespace vqa::train {
 
+enum class OptimizerRecipe { kVqaHpc, kM3ae };
+// "vqa-hpc" | "m3ae"; throws std::invalid_argument naming the value otherwise.
+OptimizerRecipe optimizer_recipe_from_string(const std::string& name);
+const char* optimizer_recipe_name(OptimizerRecipe recipe);
+
 struct OptimizerSettings {
+  OptimizerRecipe recipe = OptimizerRecipe::kVqaHpc;
   double lr = 5e-5;
   double fusion_multiplier = 5.0;
   double head_multiplier = 50.0;
@@ -45,6 +62,9 @@ class VqaOptimizer {
  private:
   bool fused_step_possible() const;
   void fused_step();
+  // transformers' AdamW in tensor operations (any device), for the m3ae
+  // recipe where the fused CPU step cannot run.
+  void transformers_step();
 
   OptimizerSettings settings_;
   int64_t warmup_steps_ = 0;
@@ -56,13 +76,18 @@ class VqaOptimizer {
 // `total` (the schedule of M3AE and of transformers' get_linear_schedule_with_warmup).
 double linear_schedule_factor(int64_t step, int64_t warmup, int64_t total);
 
-// One AdamW step of LibTorch's formula over n float32 values, in one pass:
-//   p *= decay;  m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;
-//   p -= step_size m / (sqrt(v) / sqrt_bias_correction2 + eps)
-// with decay = 1 - lr weight_decay and step_size = lr / bias_correction1.
+// One AdamW step over n float32 values, in one pass:
+//   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;
+//   u = step_size m / (sqrt(v) / sqrt_bias_correction2 + eps)
+//   LibTorch's formula:      p = p decay - u
+//   transformers' formula:   p = (p - u) decay       (decay_after_step)
+// with decay = 1 - lr weight_decay; LibTorch: step_size = lr /
+// bias_correction1; transformers: sqrt_bias_correction2 = 1 and step_size =
+// lr sqrt(bias_correction2) / bias_correction1.
 // Splits the range over LibTorch's intra-op threads.
 struct AdamWCoefficients {
   float decay, beta1, beta2, step_size, sqrt_bias_correction2, eps;
+  bool decay_after_step = false;
 };
 void adamw_update_fused(float* parameter, const float* gradient, float* exp_avg, float* exp_avg_sq,
                         int64_t n, const AdamWCoefficients& c);

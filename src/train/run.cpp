@@ -27,6 +27,23 @@ std::string out_path(const TrainConfig& config, const char* name) {
   return (std::filesystem::path(config.out) / name).string();
 }
 
+PredictionOptions prediction_options(const TrainConfig& config) {
+  PredictionOptions options;
+  options.enabled = true;
+  options.top_k = config.predictions_top;
+  options.logits = config.predictions_logits;
+  return options;
+}
+
+// Rank 0: the records as a JSON-lines file, written durably.
+void write_predictions(const std::string& path, const std::vector<std::string>& records) {
+  std::string text;
+  for (const auto& record : records) text += record + "\n";
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  util::write_file_atomically(path, text);
+}
+
 // Why the ranks are (not) N times faster: every rank's phases of the epoch,
 // gathered to rank 0, which writes <out>/diagnosis.json. Fills the JSON
 // record and the log lines on rank 0. Collective.
@@ -70,8 +87,8 @@ void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const 
   EvalStats eval_stats;
   bool best = false;
   if (evaluate_now) {
-    eval_stats =
-        evaluate(parts.model, test_loader, parts.comm, parts.device, epoch, config.bf16_autocast);
+    eval_stats = evaluate(parts.model, test_loader, parts.comm, parts.device, epoch,
+                          config.bf16_autocast, prediction_options(config));
     if (eval_stats.accuracy.overall > state.best_overall) {
       state.best_overall = eval_stats.accuracy.overall;
       state.best_epoch = epoch;
@@ -93,7 +110,10 @@ void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const 
   for (const auto& line : report_lines) parts.log.info(line);
   if (parts.comm.rank() == 0) {
     require_finite_weights(parts.model, "checkpoints of epoch " + std::to_string(epoch));
-    if (best) checkpoint_save_best(config.out, parts.model, state);
+    if (best) {
+      checkpoint_save_best(config.out, parts.model, state);
+      write_predictions(out_path(config, "predictions_best.jsonl"), eval_stats.predictions);
+    }
     if (config.save_every > 0 &&
         ((epoch + 1) % config.save_every == 0 || epoch + 1 == config.epochs)) {
       checkpoint_save(config.out, parts.model, parts.optimizer, state, config_ini,
@@ -140,6 +160,25 @@ void finish_run(TrainingParts& parts, const TrainState& state) {
 }
 
 }  // namespace
+
+int run_evaluation_only(TrainingParts& parts, data::ShardedLoader& test_loader,
+                        const std::string& model_source) {
+  const TrainConfig& config = parts.config;
+  const EvalStats stats = evaluate(parts.model, test_loader, parts.comm, parts.device,
+                                   /*epoch=*/0, config.bf16_autocast, prediction_options(config));
+  parts.log.evaluation(stats, model_source);
+  if (!config.predictions.empty() && parts.comm.rank() == 0) {
+    try {
+      write_predictions(config.predictions, stats.predictions);
+    } catch (const std::exception& e) {
+      runtime::fatal_user_error("--predictions: " + std::string(e.what()));
+    }
+    parts.log.info("predictions: " + std::to_string(stats.predictions.size()) + " questions in " +
+                   config.predictions);
+  }
+  parts.comm.barrier();
+  return 0;
+}
 
 int run_training(TrainingParts& parts, data::ShardedLoader& train_loader,
                  data::ShardedLoader& test_loader, const AllreduceProbe& probe,

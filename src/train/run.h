@@ -22,4 +22,13 @@ int run_training(TrainingParts& parts, data::ShardedLoader& train_loader,
                  data::ShardedLoader& test_loader, const AllreduceProbe& probe,
                  const std::string& config_ini, TrainState& state);
 
+// --eval-only: one evaluation of the test split on every rank with the
+// weights already loaded (model_source names them for the log), accuracy
+// overall / open / closed and per question type in the log and metrics.jsonl,
+// and with --predictions FILE one JSON line per question (evaluation.h),
+// written by rank 0 in question-id order. Returns the exit status (0).
+// Collective.
+int run_evaluation_only(TrainingParts& parts, data::ShardedLoader& test_loader,
+                        const std::string& model_source);
+
 }  // namespace vqa::train

@@ -66,6 +66,9 @@ void RunLog::epoch(int64_t epoch, const EpochStats& train, const EvalStats* eval
                   train.seconds, throughput);
   }
   info(line);
+  if (eval && !eval->by_question_type.empty()) {
+    info("      by question type: " + question_type_line(*eval));
+  }
 
   nlohmann::json record = {{"epoch", epoch},
                            {"train_loss", train.mean_loss},
@@ -85,6 +88,7 @@ void RunLog::epoch(int64_t epoch, const EpochStats& train, const EvalStats* eval
     record["test_questions"] = eval->accuracy.total;
     record["eval_seconds"] = eval->seconds;
     record["best"] = best;
+    record["question_types"] = question_type_json(*eval);
   }
   if (step_report) {
     for (const auto& [key, value] : step_report->items()) {
@@ -93,6 +97,52 @@ void RunLog::epoch(int64_t epoch, const EpochStats& train, const EvalStats* eval
   }
   json_ << record.dump() << "\n";
   json_.flush();
+}
+
+void RunLog::evaluation(const EvalStats& eval, const std::string& model_source) {
+  if (!writer_) return;
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "evaluation of %s: overall %.2f%% (open %.2f%%, closed %.2f%%) on %lld test "
+                "questions, loss %.4f, %.1f s",
+                model_source.c_str(), 100 * eval.accuracy.overall, 100 * eval.accuracy.open,
+                100 * eval.accuracy.closed, static_cast<long long>(eval.accuracy.total),
+                eval.mean_loss, eval.seconds);
+  info(line);
+  if (!eval.by_question_type.empty()) info("  by question type: " + question_type_line(eval));
+  const nlohmann::json record = {{"eval_only", true},
+                                 {"model", model_source},
+                                 {"overall", eval.accuracy.overall},
+                                 {"open", eval.accuracy.open},
+                                 {"closed", eval.accuracy.closed},
+                                 {"test_loss", eval.mean_loss},
+                                 {"test_questions", eval.accuracy.total},
+                                 {"eval_seconds", eval.seconds},
+                                 {"question_types", question_type_json(eval)}};
+  json_ << record.dump() << "\n";
+  json_.flush();
+}
+
+std::string question_type_line(const EvalStats& stats) {
+  std::string line;
+  for (const auto& type : stats.by_question_type) {
+    char part[160];
+    std::snprintf(part, sizeof(part), "%s%s %.1f%% (%lld)", line.empty() ? "" : ", ",
+                  type.name.c_str(), type.total ? 100.0 * type.correct / type.total : 0.0,
+                  static_cast<long long>(type.total));
+    line += part;
+  }
+  return line;
+}
+
+nlohmann::json question_type_json(const EvalStats& stats) {
+  nlohmann::json types = nlohmann::json::object();
+  for (const auto& type : stats.by_question_type) {
+    types[type.name] = {{"accuracy", type.total ? double(type.correct) / type.total : 0.0},
+                        {"correct", type.correct},
+                        {"total", type.total}};
+  }
+  return types;
 }
 
 }  // namespace vqa::train

@@ -35,11 +35,22 @@ class RunLog {
   // JSON record when given.
   void epoch(int64_t epoch, const EpochStats& train, const EvalStats* eval, bool best,
              const nlohmann::json* step_report = nullptr);
+  // An evaluation on its own (--eval-only): overall / open / closed and per
+  // question type on stdout and in train.log, and one JSON line in
+  // metrics.jsonl ({"eval_only": true, ...}).
+  void evaluation(const EvalStats& eval, const std::string& model_source);
 
  private:
   bool writer_;
   std::ofstream text_;
   std::ofstream json_;
 };
+
+// "PRES 80.0% (45), ABN 71.4% (14), ...": accuracy (and question count)
+// per question type.
+std::string question_type_line(const EvalStats& stats);
+
+// {"PRES": {"accuracy": 0.8, "correct": 36, "total": 45}, ...}
+nlohmann::json question_type_json(const EvalStats& stats);
 
 }  // namespace vqa::train

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "train/metrics.h"     // Accuracy
@@ -40,10 +41,21 @@ struct EpochStats {
   double learning_rate = 0.0;         // encoders' lr at the last step
 };
 
+// Accuracy over the questions of one question type (the dataset's
+// /vocab/question_types; "unknown" for questions without one).
+struct QuestionTypeScore {
+  std::string name;
+  int64_t correct = 0, total = 0;
+};
+
 struct EvalStats {
   Accuracy accuracy;
   double mean_loss = 0.0;
   double seconds = 0.0;
+  std::vector<QuestionTypeScore> by_question_type;  // types with questions, in code order
+  // Rank 0, when predictions were asked for: one JSON object per question
+  // (see evaluation.h), in question-id order. Empty on other ranks.
+  std::vector<std::string> predictions;
 };
 
 }  // namespace vqa::train

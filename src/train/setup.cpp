@@ -6,10 +6,12 @@
 #include <fstream>
 #include <thread>
 
+#include "model/m3ae_import.h"    // m3ae_import
+#include "model/safetensors.h"    // SafetensorsFile
 #include "runtime/check.h"        // fatal_user_error
 #include "runtime/distributed.h"  // distributed_gather_strings, distributed_broadcast_bytes
 #include "runtime/system_info.h"  // blas_description
-#include "train/checkpoint.h"     // checkpoint_latest, checkpoint_load
+#include "train/checkpoint.h"     // checkpoint_latest, checkpoint_load, checkpoint_load_model
 #include "util/durable_file.h"    // write_file_atomically
 
 namespace vqa::train {
@@ -161,6 +163,12 @@ model::ModelConfig setup_model_config(const TrainConfig& config, const data::Dat
     runtime::fatal_user_error("--hidden " + std::to_string(model.hidden) +
                               " is not divisible by --heads " + std::to_string(model.heads));
   }
+  if (dataset.has_features && config.optimizer_recipe == "m3ae") {
+    runtime::fatal_user_error(
+        "--optimizer-recipe m3ae follows M3AE's parameter names, which "
+        "cover a model over pixels; " +
+        dataset.path + " holds pre-extracted features");
+  }
   model.vocab_size = dataset.vocab_size;
   model.num_answers = dataset.num_answers;
   model.max_text_length = std::max<int64_t>(model.max_text_length, dataset.max_question_length);
@@ -237,6 +245,7 @@ OptimizerSettings optimizer_settings_from(const TrainConfig& config, int64_t tot
   settings.weight_decay = config.weight_decay;
   settings.warmup_ratio = config.warmup_ratio;
   settings.total_steps = total_steps;
+  settings.recipe = optimizer_recipe_from_string(config.optimizer_recipe);
   return settings;
 }
 
@@ -258,6 +267,26 @@ AllreduceProbe allreduce_probe_for(const TrainConfig& config, runtime::Communica
     probe.bus_gbps = allreduce_probe_bus_gbps(comm, probe.bytes, device);
   }
   return probe;
+}
+
+std::string init_model_if_asked(const TrainConfig& config, model::M3AE& model, RunLog& log) {
+  const std::string& path = config.init_from;
+  if (path.empty()) return "";
+  const std::string suffix = ".safetensors";
+  const bool safetensors = path.size() > suffix.size() &&
+                           path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
+  try {
+    if (safetensors) {
+      const model::SafetensorsFile file(path);
+      log.info("init-from " + path + ": " + model::m3ae_import(model, file).describe());
+    } else {
+      checkpoint_load_model(path, model, log);
+      log.info("init-from " + path + ": the model of a vqa-hpc checkpoint");
+    }
+  } catch (const std::exception& e) {
+    runtime::fatal_user_error(std::string("--init-from: ") + e.what());
+  }
+  return "--init-from " + path;
 }
 
 std::string resume_if_asked(const TrainConfig& config, model::M3AE& model, VqaOptimizer& optimizer,

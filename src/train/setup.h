@@ -72,6 +72,15 @@ AllreduceProbe allreduce_probe_for(const TrainConfig& config, runtime::Communica
                                    const GradientSynchronizer& gradients,
                                    const torch::Device& device);
 
+// --init-from FILE: the model's starting weights, before the first step (or
+// the evaluation). FILE.safetensors is an M3AE state_dict (m3ae_import; the
+// summary of what was loaded, resized, dropped and newly initialised goes to
+// the log); anything else is a vqa-hpc checkpoint or best_model.pt (its
+// model only). Every rank reads the file; one that does not fit ends the job
+// on every rank naming the tensor and both shapes (exit 2). Returns
+// "--init-from FILE" for the log, "" without the option.
+std::string init_model_if_asked(const TrainConfig& config, model::M3AE& model, RunLog& log);
+
 // --resume: loads the checkpoint it names (with "auto", the newest intact one
 // in <out>/checkpoints, or none) into model, optimiser and state; returns its
 // path, "" when starting afresh. A bad file ends the job naming it (exit 2).

@@ -184,7 +184,9 @@ TEST(Loader, IdentityIsEqualOnEveryRank) {
   ShardedLoader loader(synth_path(), "test", options_for(4, false, 1));
   const auto all = vqa::runtime::distributed_gather_strings(loader.info().identity);
   EXPECT_EQ(std::set<std::string>(all.begin(), all.end()).size(), 1u);
-  EXPECT_NE(loader.info().identity.find("v1/test/q37/"), std::string::npos)
+  EXPECT_NE(
+      loader.info().identity.find("v" + std::to_string(vqa::data::kFormatVersion) + "/test/q37/"),
+      std::string::npos)
       << loader.info().identity;
 }
 

@@ -11,78 +11,20 @@
 
 #include "data/dataset_reader.h"  // DatasetReader
 #include "data/loader.h"          // ShardedLoader
+#include "prep_fixture.h"         // Fixture, record, write_json
 #include "process.h"              // run_process, mpirun_prefix, make_temp_dir
 
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using vqa::testing::Fixture;
+using vqa::testing::kPrep;
+using vqa::testing::record;
 using vqa::testing::run_process;
+using vqa::testing::write_json;
 
-const std::string kPrep = VQA_PREP;
 const std::string kProbe = VQA_BAD_FILE_PROBE;
-
-json record(int64_t qid, const std::string& image, const std::string& question, json answer,
-            const std::string& type) {
-  return {{"qid", qid},
-          {"image_name", image},
-          {"question", question},
-          {"answer", answer},
-          {"answer_type", type},
-          {"question_type", "PRES"},
-          {"phrase_type", "freeform"},
-          {"image_organ", "CHEST"}};
-}
-
-void write_json(const std::string& path, const json& value) {
-  std::ofstream(path) << value.dump(1);
-}
-
-void write_image(const std::string& path, int width, int height, cv::Scalar bgr) {
-  fs::create_directories(fs::path(path).parent_path());
-  ASSERT_TRUE(cv::imwrite(path, cv::Mat(height, width, CV_8UC3, bgr))) << path;
-}
-
-// A VQA-RAD style fixture: 3 training images (PNG, JPEG, PNG in a
-// subfolder, none square), 6 training and 3 test questions.
-struct Fixture {
-  std::string dir, images, train_json, test_json, output;
-  json train, test;
-
-  explicit Fixture(const std::string& tag) {
-    dir = vqa::testing::make_temp_dir(tag);
-    images = dir + "/images";
-    train_json = dir + "/train.json";
-    test_json = dir + "/test.json";
-    output = dir + "/out/rad.h5";
-    fs::create_directories(dir + "/out");
-    write_image(images + "/a.png", 40, 30, cv::Scalar(50, 10, 200));  // RGB (200, 10, 50)
-    write_image(images + "/b.jpg", 30, 50, cv::Scalar(0, 255, 0));
-    write_image(images + "/sub/c.png", 64, 48, cv::Scalar(255, 0, 0));
-    train = json::array({record(1, "a.png", "Is there a mass?", "Yes", "CLOSED"),
-                         record(2, "b.jpg", "Is the heart enlarged?", "no", "closed"),
-                         record(3, "sub/c.png", "Which side is the lesion on?", "Left.", "OPEN"),
-                         record(4, "a.png", "What modality is this?", "the X-ray", "OPEN"),
-                         record(5, "b.jpg", "How many masses?", 2, "OPEN"),
-                         record(6, "sub/c.png", "Is there a mass?", "yes ", "CLOSED")});
-    test = json::array({record(101, "b.jpg", "Is there a mass?", "YES", "CLOSED"),
-                        record(102, "a.png", "Which side?", "Right", "OPEN"),
-                        record(103, "sub/c.png", "How many lesions?", "two", "OPEN")});
-  }
-  std::string command(const std::string& extra = "") {
-    write_json(train_json, train);
-    write_json(test_json, test);
-    return kPrep + " convert --train-json " + train_json + " --test-json " + test_json +
-           " --images " + images + " --image-size 24 -o " + output + " " + extra + " 2>&1";
-  }
-  bool output_left() const {
-    for (const auto& entry : fs::directory_iterator(dir + "/out")) {
-      (void)entry;
-      return true;
-    }
-    return false;
-  }
-};
 
 TEST(Prep, SynthIsValidAndReadableByTheHdf5Tools) {
   const std::string file = vqa::testing::make_temp_dir("synth") + "/synth.h5";
@@ -111,6 +53,15 @@ TEST(Prep, ConvertVqaRadGivesExpectedLabelsTargetsAndImages) {
             std::string::npos)
       << result.output;
   vqa::data::DatasetReader train(fixture.output, "train");
+  EXPECT_EQ(train.info().format_version, vqa::data::kFormatVersion);
+  EXPECT_EQ(train.info().tokenizer, "word");
+  EXPECT_EQ(train.info().special_tokens.pad, vqa::data::kPadToken);
+  EXPECT_EQ(train.info().special_tokens.cls, vqa::data::kClassToken);
+  EXPECT_EQ(train.info().special_tokens.eos, -1);
+  EXPECT_EQ(train.info().special_tokens.unk, vqa::data::kUnknownToken);
+  EXPECT_EQ(train.info().tokenizer_sha256, "");
+  EXPECT_EQ(train.info().image_normalization, "dataset");
+  EXPECT_EQ(train.info().question_types, std::vector<std::string>{"PRES"});
   // By frequency ("yes" twice), then alphabetically; normalised as VQA evaluation does.
   EXPECT_EQ(train.info().answer_labels,
             (std::vector<std::string>{"yes", "2", "left", "no", "x ray"}));
@@ -143,6 +94,8 @@ TEST(Prep, ConvertVqaRadGivesExpectedLabelsTargetsAndImages) {
   loader.start_epoch(0);
   vqa::data::Batch batch;
   ASSERT_TRUE(loader.next(batch));
+  EXPECT_TRUE(batch.question_type.equal(torch::zeros({6}, torch::kInt64)))
+      << "every fixture question is of type PRES, code 0: " << batch.question_type;
   const auto& info = loader.info();
   const auto mean = torch::tensor(info.image_mean).to(torch::kFloat32).view({3, 1, 1});
   const auto std = torch::tensor(info.image_std).to(torch::kFloat32).view({3, 1, 1});
@@ -340,7 +293,7 @@ TEST(BadFile, EveryRankReportsItAndExitsWithinSeconds) {
             std::string::npos)
       << result.output;
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"version", "attribute 'format_version': is 99, this build reads version 1"},
+      {"version", "attribute 'format_version': is 99, this build reads versions 1..2"},
       {"image_row", "dataset '/train/questions/image_row' row 3: value 9999 is outside [0, 100)"}};
   for (const auto& [what, message] : cases) {
     SCOPED_TRACE(what);

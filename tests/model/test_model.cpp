@@ -73,8 +73,10 @@ int64_t expected_parameter_count(const ModelConfig& c) {
     vision = 3 * c.patch_size * c.patch_size * h + h + (1 + patches) * h + 2 * norm +
              c.vision_layers * encoder_layer;
   }
-  const int64_t text =
-      c.vocab_size * h + c.max_text_length * h + norm + c.text_layers * encoder_layer;
+  // RoBERTa's positions have two more rows; its one token type is one more.
+  const int64_t position_rows = c.max_text_length + (c.roberta_positions ? 2 : 0);
+  const int64_t text = c.vocab_size * h + position_rows * h + (c.text_token_type ? h : 0) + norm +
+                       c.text_layers * encoder_layer;
   const int64_t fusion = 2 * (h * h + h) + 2 * h + 2 * c.fusion_layers * co_attention_layer;
   const int64_t head = 2 * (h * h + h) + (2 * h * 2 * h + 2 * h) + 2 * (2 * h) +
                        (2 * h * c.num_answers + c.num_answers);
@@ -168,6 +170,52 @@ TEST(M3AE, SmallAndBaseParameterCountsMatchFormula) {
     std::cout << preset << ": " << count << " parameters (built in " << seconds << " s)\n";
     EXPECT_EQ(count, expected_parameter_count(config)) << preset;
   }
+}
+
+// The base preset's M3AE details that tiny and small do not have.
+TEST(M3AE, BasePresetIsShapedLikeM3ae) {
+  const ModelConfig base = model_config_preset("base");
+  EXPECT_EQ(base.vision_activation, Activation::kQuickGelu);
+  EXPECT_EQ(base.vision_layer_norm_eps, 1e-5);
+  EXPECT_EQ(base.text_layer_norm_eps, 1e-5);
+  EXPECT_EQ(base.fusion_layer_norm_eps, 1e-12);
+  EXPECT_EQ(base.head_layer_norm_eps, 1e-5);
+  EXPECT_TRUE(base.roberta_positions);
+  EXPECT_TRUE(base.text_token_type);
+  EXPECT_EQ(base.vision_layers, 11);  // CLIP's last block dropped
+  const ModelConfig tiny = model_config_preset("tiny");
+  EXPECT_EQ(tiny.vision_activation, Activation::kGelu);
+  EXPECT_FALSE(tiny.roberta_positions);
+}
+
+// RoBERTa's position rule: a right-padded row and the same row with more
+// padding give the same logits (positions come from the real tokens only,
+// padding sits at row 1), and the first real token reads row 2.
+TEST(M3AE, RobertaPositionsCountRealTokens) {
+  torch::manual_seed(3);
+  ModelConfig config = model_config_preset("tiny");
+  config.roberta_positions = true;
+  config.text_token_type = true;
+  config.vision_activation = Activation::kQuickGelu;
+  M3AE model(config);
+  torch::NoGradGuard no_grad;
+  EXPECT_EQ(model->named_parameters()["text.position_embeddings.weight"].size(0),
+            config.max_text_length + 2);
+  Batch b = random_batch(config, /*batch=*/2, /*text_length=*/6, {4, 4});
+  const torch::Tensor short_logits = model->forward(b.images, b.token_ids, b.attention_mask);
+  // The same questions with four more padded columns.
+  const auto pad = torch::zeros({2, 4}, torch::kLong);
+  const torch::Tensor long_logits = model->forward(b.images, torch::cat({b.token_ids, pad}, 1),
+                                                   torch::cat({b.attention_mask, pad}, 1));
+  EXPECT_TRUE(torch::allclose(short_logits, long_logits, /*rtol=*/1e-5, /*atol=*/1e-6));
+  // Row 2 matters (the first real token), row 0 does not (never read).
+  auto& table = model->named_parameters()["text.position_embeddings.weight"];
+  table[0].fill_(100.0);
+  EXPECT_TRUE(torch::allclose(model->forward(b.images, b.token_ids, b.attention_mask), short_logits,
+                              1e-5, 1e-6));
+  table[2].fill_(1.0);
+  EXPECT_FALSE(torch::allclose(model->forward(b.images, b.token_ids, b.attention_mask),
+                               short_logits, 1e-5, 1e-6));
 }
 
 TEST(M3AE, PaddedTokenIdsDoNotChangeLogits) {

@@ -4,7 +4,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "model/m3ae.h"       // M3AE, model_config_preset
 #include "train/optimizer.h"  // VqaOptimizer, linear_schedule_factor
@@ -119,6 +123,144 @@ TEST(Optimizer, FusedCpuStepMatchesLibTorchAdamW) {
   fused.adamw().step();
   reference.adamw().step();
   compare("LibTorch step after fused steps");
+}
+
+// The base preset's structure at a tiny size, for the m3ae recipe.
+vqa::model::M3AE tiny_m3ae_model() {
+  auto config = vqa::model::model_config_preset("base");
+  config.hidden = 16;
+  config.heads = 2;
+  config.ffn = 64;
+  config.vision_layers = 1;
+  config.text_layers = 1;
+  config.fusion_layers = 1;
+  config.image_size = 16;
+  config.patch_size = 8;
+  config.vocab_size = 30;
+  config.max_text_length = 8;
+  config.num_answers = 5;
+  torch::manual_seed(0);
+  return vqa::model::M3AE(config);
+}
+
+// M3AE's set_schedule on M3AE's names: what it decays and which lr it gives,
+// for parameters where its rules differ from the vqa-hpc recipe's.
+TEST(Optimizer, M3aeRecipeGroupsByM3aeNames) {
+  vqa::model::M3AE model = tiny_m3ae_model();
+  vqa::train::OptimizerSettings settings;
+  settings.recipe = vqa::train::OptimizerRecipe::kM3ae;
+  settings.lr = 1e-3;
+  settings.total_steps = 100;
+  settings.warmup_ratio = 0.1;
+  vqa::train::VqaOptimizer optimizer(model, settings);
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  optimizer.step(/*step=*/10);  // the end of warm-up: floor(0.1 x 100) = 10, factor 1
+  EXPECT_DOUBLE_EQ(optimizer.learning_rate(10), 1e-3);
+  EXPECT_DOUBLE_EQ(optimizer.learning_rate(5), 0.5e-3);
+  auto group_of = [&](const std::string& name) {
+    const auto* impl = model->named_parameters()[name].unsafeGetTensorImpl();
+    for (auto& group : optimizer.adamw().param_groups()) {
+      for (auto& p : group.params()) {
+        if (p.unsafeGetTensorImpl() == impl) {
+          const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+          return std::make_pair(o.lr() / settings.lr, o.weight_decay());
+        }
+      }
+    }
+    ADD_FAILURE() << name << " is in no group";
+    return std::make_pair(0.0, -1.0);
+  };
+  const std::vector<std::tuple<std::string, double, double>> expected = {
+      // modality_type_embeddings has no "multi_modal" in its name: lr x1.
+      {"fusion.modality_type_embeddings.weight", 1, 0.01},
+      {"fusion.text_layers.0.cross_attention.query.weight", 5, 0.01},
+      {"fusion.text_layers.0.feed_forward_norm.weight", 5, 0.0},  // ...output.LayerNorm.weight
+      {"head.text_pooler.weight", 5, 0.01},                       // multi_modal_language_pooler
+      {"head.dense.weight", 50, 0.01},                            // vqa_head.0
+      {"head.norm.weight", 50, 0.01},                             // vqa_head.1.weight: decayed
+      {"head.norm.bias", 50, 0.0},
+      {"vision.input_norm.weight", 1, 0.01},  // CLIP's ln_pre.weight: decayed
+      {"vision.position_embeddings", 1, 0.01},
+      {"vision.blocks.0.attention.query.bias", 1, 0.0},  // in_proj_bias
+      {"text.embedding_norm.weight", 1, 0.0},            // embeddings.LayerNorm.weight
+      {"text.token_type_embeddings.weight", 1, 0.01},
+  };
+  for (const auto& [name, multiplier, decay] : expected) {
+    const auto [got_multiplier, got_decay] = group_of(name);
+    EXPECT_NEAR(got_multiplier, multiplier, 1e-12) << name;
+    EXPECT_EQ(got_decay, decay) << name;
+  }
+}
+
+// transformers' AdamW (correct_bias) step by step in double precision,
+// written from its source independently of optimizer.cpp:
+//   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  denom = sqrt(v) + eps
+//   p -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / denom;  p -= lr wd p
+struct ReferenceAdamW {
+  torch::Tensor p, m, v;
+  int64_t t = 0;
+  void step(const torch::Tensor& g, double lr, double wd) {
+    const double b1 = 0.9, b2 = 0.98, eps = 1e-8;
+    ++t;
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    const auto denom = v.sqrt() + eps;
+    p = p - lr * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t)) * m / denom;
+    p = p - lr * wd * p;
+  }
+};
+
+// Both m3ae-recipe paths (the fused CPU pass and the tensor operations that
+// run elsewhere) against that reference over 3 steps with warm-up, three lr
+// groups and weight decay. Gradients of 1e-5 make eps matter (it sits
+// outside the bias correction here, inside it in LibTorch's formula) and a
+// large lr x decay makes the order of decay and step matter: LibTorch's
+// formula misses by more than 1e-3. Tolerance: 2e-6 relative to each
+// tensor's largest value (float32 against double).
+TEST(Optimizer, M3aeRecipeFollowsTransformersAdamW) {
+  for (const bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused CPU pass" : "tensor operations");
+    vqa::model::M3AE model = tiny_m3ae_model();
+    vqa::train::OptimizerSettings settings;
+    settings.recipe = vqa::train::OptimizerRecipe::kM3ae;
+    settings.lr = 1e-2;
+    settings.total_steps = 10;
+    settings.warmup_ratio = 0.2;
+    settings.weight_decay = 0.5;
+    settings.fused_cpu = fused;
+    vqa::train::VqaOptimizer optimizer(model, settings);
+    std::map<std::string, ReferenceAdamW> reference;
+    for (const auto& item : model->named_parameters()) {
+      const auto p = item.value().detach().to(torch::kFloat64).clone();
+      reference[item.key()] = {p, torch::zeros_like(p), torch::zeros_like(p)};
+    }
+    torch::manual_seed(1);
+    double worst = 0.0;
+    for (int64_t step = 1; step <= 3; ++step) {
+      for (const auto& item : model->named_parameters()) {
+        item.value().mutable_grad() = 1e-5 * torch::randn_like(item.value());
+      }
+      optimizer.step(step);
+      // The lr (schedule x group multiplier) and decay each group stepped with.
+      std::map<const void*, std::pair<double, double>> group;
+      for (auto& g : optimizer.adamw().param_groups()) {
+        const auto& o = static_cast<const torch::optim::AdamWOptions&>(g.options());
+        for (auto& p : g.params()) group[p.unsafeGetTensorImpl()] = {o.lr(), o.weight_decay()};
+      }
+      for (const auto& item : model->named_parameters()) {
+        const auto [lr, decay] = group[item.value().unsafeGetTensorImpl()];
+        auto& r = reference[item.key()];
+        r.step(item.value().grad().to(torch::kFloat64), lr, decay);
+        const double scale = std::max(r.p.abs().max().item<double>(), 1e-12);
+        const double error = (item.value().to(torch::kFloat64) - r.p).abs().max().item<double>();
+        worst = std::max(worst, error / scale);
+        ASSERT_LT(error / scale, 2e-6) << item.key() << " step " << step;
+      }
+    }
+    std::printf(
+        "m3ae recipe (%s) against transformers' formula: largest relative difference %.3g\n",
+        fused ? "fused" : "tensor ops", worst);
+  }
 }
 
 TEST(Clipping, ScalesTheGlobalNormDownAndLeavesSmallerNormsAlone) {

@@ -194,6 +194,19 @@ TEST_F(TrainingRuns, StopSignalOnOneRankCheckpointsEveryRankAndResumesExactly) {
   const std::string common =
       " --epochs 5 --max-steps-per-epoch 30 --global-batch 16 --batch-per-rank 8 ";
   const auto straight = train("uninterrupted", 2, common);
+  // The best epoch's predictions: one JSON line per test question.
+  {
+    std::ifstream predictions(straight + "/predictions_best.jsonl");
+    std::string line;
+    int lines = 0;
+    while (std::getline(predictions, line)) {
+      const auto record = nlohmann::json::parse(line);
+      EXPECT_TRUE(record.contains("qid") && record.contains("top") && record.contains("correct"))
+          << line;
+      ++lines;
+    }
+    EXPECT_EQ(lines, 128) << "predictions_best.jsonl of " << straight;
+  }
   const std::string out = directory_ + "/stopped";
   // SIGUSR1 to one rank only, once the first epoch is logged: the other rank
   // must stop at the same step through the agreement, not by its own signal.

@@ -1,0 +1,156 @@
+#include "image_resample.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace vqa::prep {
+
+namespace {
+
+// Pillow's fixed point for 8-bit images: 32 - 8 - 2 bits, so that a sum of
+// 255 x coefficients (each < 2^22, a few above 1 in magnitude) fits an int32.
+constexpr int kPrecisionBits = 32 - 8 - 2;
+constexpr double kBicubicSupport = 2.0;
+
+double bicubic(double x) {
+  constexpr double a = -0.5;
+  x = std::abs(x);
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+  if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+  return 0.0;
+}
+
+// One axis's filter: output pixel i reads `count[i]` input pixels from
+// `first[i]` with fixed-point weights weights[i * taps ..].
+struct AxisFilter {
+  int taps = 0;
+  std::vector<int> first, count;
+  std::vector<int32_t> weights;
+};
+
+// Pillow's precompute_coeffs and normalize_coeffs_8bpc for the box [0, in_size).
+AxisFilter axis_filter(int in_size, int out_size) {
+  const double scale = static_cast<double>(in_size) / out_size;
+  const double filter_scale = std::max(scale, 1.0);  // downscaling widens the filter: antialiasing
+  const double support = kBicubicSupport * filter_scale;
+  AxisFilter filter;
+  filter.taps = static_cast<int>(std::ceil(support)) * 2 + 1;
+  filter.first.resize(static_cast<size_t>(out_size));
+  filter.count.resize(static_cast<size_t>(out_size));
+  filter.weights.assign(static_cast<size_t>(out_size) * static_cast<size_t>(filter.taps), 0);
+  std::vector<double> k(static_cast<size_t>(filter.taps));
+  for (int i = 0; i < out_size; ++i) {
+    const double center = (i + 0.5) * scale;
+    // (int) truncation, as in Pillow, then clamped to the image.
+    const int low = std::max(0, static_cast<int>(center - support + 0.5));
+    const int high = std::min(in_size, static_cast<int>(center + support + 0.5));
+    const int count = high - low;
+    double sum = 0.0;
+    const double inverse_scale = 1.0 / filter_scale;  // a product, as in Pillow (not a quotient)
+    for (int x = 0; x < count; ++x) {
+      k[x] = bicubic((x + low - center + 0.5) * inverse_scale);
+      sum += k[x];
+    }
+    for (int x = 0; x < count; ++x) {
+      const double weight = sum != 0.0 ? k[x] / sum : k[x];
+      const double fixed = weight * (1 << kPrecisionBits);
+      filter.weights[static_cast<size_t>(i) * filter.taps + x] =
+          static_cast<int32_t>(weight < 0 ? fixed - 0.5 : fixed + 0.5);
+    }
+    filter.first[i] = low;
+    filter.count[i] = count;
+  }
+  return filter;
+}
+
+uint8_t clip8(int64_t value) {
+  if (value >= (int64_t{1} << kPrecisionBits << 8)) return 255;
+  if (value <= 0) return 0;
+  return static_cast<uint8_t>(value >> kPrecisionBits);
+}
+
+}  // namespace
+
+SquareCrop image_plan_square(int width, int height, int size) {
+  if (width < 1 || height < 1 || size < 1) {
+    throw std::invalid_argument("image_plan_square: " + std::to_string(width) + "x" +
+                                std::to_string(height) + " to " + std::to_string(size));
+  }
+  SquareCrop crop;
+  const int shorter = std::min(width, height), longer = std::max(width, height);
+  // Python's int(S * long / short): the product is exact, the quotient a double, then truncated.
+  const double exact_long = static_cast<double>(int64_t{size} * longer) / shorter;
+  if (exact_long > (1 << 20)) {  // an absurd aspect ratio: refuse rather than allocate gigabytes
+    throw std::invalid_argument("image_plan_square: " + std::to_string(width) + "x" +
+                                std::to_string(height) + " would become " +
+                                std::to_string(exact_long) + " pixels long");
+  }
+  const int new_long = static_cast<int>(exact_long);
+  crop.width = width <= height ? size : new_long;
+  crop.height = width <= height ? new_long : size;
+  auto offset = [size](int side) {
+    const int twice = side - size;  // round(twice / 2.0), ties to even
+    const int half = twice / 2;
+    return twice % 2 != 0 && half % 2 != 0 ? half + 1 : half;
+  };
+  crop.left = offset(crop.width);
+  crop.top = offset(crop.height);
+  return crop;
+}
+
+std::vector<uint8_t> image_resize_bicubic(const uint8_t* pixels, int width, int height,
+                                          int channels, int out_width, int out_height) {
+  if (width < 1 || height < 1 || out_width < 1 || out_height < 1 || channels < 1) {
+    throw std::invalid_argument("image_resize_bicubic: bad size");
+  }
+  const AxisFilter horizontal = axis_filter(width, out_width);
+  const AxisFilter vertical = axis_filter(height, out_height);
+  const int64_t round_half = int64_t{1} << (kPrecisionBits - 1);
+
+  // Horizontal pass, over the input rows the vertical pass reads (as Pillow).
+  const uint8_t* source = pixels;
+  int source_width = width, row_offset = 0;
+  std::vector<uint8_t> rows;
+  if (out_width != width) {
+    const int first_row = vertical.first.front();
+    const int last_row = vertical.first.back() + vertical.count.back();
+    rows.resize(static_cast<size_t>(last_row - first_row) * out_width * channels);
+    for (int y = first_row; y < last_row; ++y) {
+      const uint8_t* in = pixels + static_cast<size_t>(y) * width * channels;
+      uint8_t* out = rows.data() + static_cast<size_t>(y - first_row) * out_width * channels;
+      for (int x = 0; x < out_width; ++x) {
+        const int32_t* k = &horizontal.weights[static_cast<size_t>(x) * horizontal.taps];
+        const uint8_t* start = in + static_cast<size_t>(horizontal.first[x]) * channels;
+        for (int c = 0; c < channels; ++c) {
+          int64_t sum = round_half;
+          for (int t = 0; t < horizontal.count[x]; ++t) sum += start[t * channels + c] * k[t];
+          out[x * channels + c] = clip8(sum);
+        }
+      }
+    }
+    source = rows.data();
+    source_width = out_width;
+    row_offset = first_row;
+  }
+  if (out_height == height) {
+    return std::vector<uint8_t>(source,
+                                source + static_cast<size_t>(height) * source_width * channels);
+  }
+  std::vector<uint8_t> result(static_cast<size_t>(out_height) * out_width * channels);
+  const size_t stride = static_cast<size_t>(source_width) * channels;
+  for (int y = 0; y < out_height; ++y) {
+    const int32_t* k = &vertical.weights[static_cast<size_t>(y) * vertical.taps];
+    const uint8_t* start = source + static_cast<size_t>(vertical.first[y] - row_offset) * stride;
+    uint8_t* out = result.data() + static_cast<size_t>(y) * stride;
+    for (size_t i = 0; i < stride; ++i) {
+      int64_t sum = round_half;
+      for (int t = 0; t < vertical.count[y]; ++t) sum += start[t * stride + i] * k[t];
+      out[i] = clip8(sum);
+    }
+  }
+  return result;
+}
+
+}  // namespace vqa::prep

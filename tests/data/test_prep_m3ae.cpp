@@ -1,0 +1,202 @@
+// vqa_prep convert as M3AE fine-tuning needs it: the RoBERTa tokenizer and
+// CLIP's normalisation on the VQA-RAD style fixture (a tiny RoBERTa-style
+// vocab.json and merges.txt), the question types in the loader's batches,
+// `vqa_prep tokenize`, reading version-1 files, and the bad tokenizer and
+// normalisation options and files (exit status, message, no output left).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "data/dataset_reader.h"  // DatasetReader
+#include "data/loader.h"          // ShardedLoader
+#include "prep_fixture.h"         // Fixture, write_json, kPrep
+#include "process.h"              // run_process
+#include "tiny_roberta.h"         // tiny_roberta_write
+
+namespace {
+
+using nlohmann::json;
+using vqa::testing::Fixture;
+using vqa::testing::kPrep;
+using vqa::testing::run_process;
+using vqa::testing::write_json;
+
+std::string sha256sum(const std::string& file) {
+  const auto result = run_process("sha256sum " + file, 30);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  return result.output.substr(0, 64);
+}
+
+// M3AE's inputs: RoBERTa ids (<s> ... </s>, padded with <pad>) and CLIP's
+// mean/std; the question types reach the batches.
+TEST(Prep, ConvertWithRobertaAndClipStoresWhatM3aeReads) {
+  Fixture fixture("roberta");
+  const auto tiny = vqa::testing::tiny_roberta_write(fixture.dir);
+  fixture.train[3]["question_type"] = "MODALITY";
+  const int64_t length = 12;
+  const auto result = run_process(
+      fixture.command("--tokenizer roberta --vocab-json " + tiny.vocab_json + " --merges-txt " +
+                      tiny.merges_txt + " --normalize clip --max-len " + std::to_string(length)),
+      120);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("(tokenizer roberta)"), std::string::npos) << result.output;
+
+  vqa::data::DatasetReader train(fixture.output, "train");
+  const auto& info = train.info();
+  EXPECT_EQ(info.tokenizer, "roberta");
+  EXPECT_EQ(info.vocab_size, static_cast<int64_t>(tiny.vocab.size()));
+  EXPECT_EQ(train.token_vocabulary().at(0), "<s>");
+  EXPECT_EQ(train.token_vocabulary().at(tiny.id("Ġmass")), "Ġmass");
+  EXPECT_EQ(info.special_tokens.cls, 0);
+  EXPECT_EQ(info.special_tokens.pad, 1);
+  EXPECT_EQ(info.special_tokens.eos, 2);
+  EXPECT_EQ(info.special_tokens.unk, 3);
+  EXPECT_EQ(info.tokenizer_sha256, sha256sum(tiny.vocab_json) + " " + sha256sum(tiny.merges_txt));
+  EXPECT_EQ(info.image_normalization, "clip");
+  EXPECT_EQ(info.image_mean, (std::vector<double>{0.48145466, 0.4578275, 0.40821073}));
+  EXPECT_EQ(info.image_std, (std::vector<double>{0.26862954, 0.26130258, 0.27577711}));
+  EXPECT_EQ(info.question_types, (std::vector<std::string>{"MODALITY", "PRES"}));
+
+  vqa::data::LoaderOptions options;
+  options.batch_per_rank = 6;
+  options.shuffle = false;
+  vqa::data::ShardedLoader loader(fixture.output, "train", options);
+  loader.start_epoch(0);
+  vqa::data::Batch batch;
+  ASSERT_TRUE(loader.next(batch));
+  // "Is there a mass?" with the tiny merges, then "Which side is the lesion on?",
+  // longer than 12 ids: truncated with </s> kept last.
+  const std::vector<int64_t> first = {0,
+                                      tiny.id("Is"),
+                                      tiny.id("Ġthere"),
+                                      tiny.id("Ġa"),
+                                      tiny.id("Ġmass"),
+                                      tiny.id("?"),
+                                      2,
+                                      1,
+                                      1,
+                                      1,
+                                      1,
+                                      1};
+  EXPECT_TRUE(batch.token_ids[0].equal(torch::tensor(first))) << batch.token_ids[0];
+  EXPECT_EQ(batch.token_ids[2][length - 1].item<int64_t>(), 2) << batch.token_ids[2];
+  EXPECT_EQ(batch.attention_mask[2].sum().item<int64_t>(), length);
+  for (int64_t row = 0; row < batch.size(); ++row) {
+    SCOPED_TRACE("row " + std::to_string(row));
+    const auto ids = batch.token_ids[row];
+    const auto mask = batch.attention_mask[row];
+    const int64_t real = mask.sum().item<int64_t>();
+    EXPECT_TRUE(mask.slice(0, 0, real).eq(1).all().item<bool>()) << mask;
+    EXPECT_EQ(ids[0].item<int64_t>(), 0) << "starts with <s>";
+    EXPECT_EQ(ids[real - 1].item<int64_t>(), 2) << "ends with </s>: " << ids;
+    EXPECT_TRUE(ids.slice(0, real).eq(1).all().item<bool>()) << "padded with <pad>: " << ids;
+  }
+  EXPECT_TRUE(batch.question_type.equal(torch::tensor({1, 1, 1, 0, 1, 1}, torch::kInt64)))
+      << batch.question_type;
+  // Pixels undo CLIP's normalisation back to the fixture's solid colours.
+  const auto mean = torch::tensor(info.image_mean).to(torch::kFloat32).view({3, 1, 1});
+  const auto std = torch::tensor(info.image_std).to(torch::kFloat32).view({3, 1, 1});
+  const auto red = (batch.images[0] * std + mean) * 255.0f;
+  EXPECT_LE((red[0] - 200).abs().max().item<float>(), 0.5f);
+  EXPECT_LE((red[2] - 50).abs().max().item<float>(), 0.5f);
+
+  // `vqa_prep tokenize` gives the ids convert stores; inspect reads the file.
+  const std::string texts = fixture.dir + "/texts.json";
+  write_json(texts, json::array({"Is there a mass?"}));
+  const auto tokenized =
+      run_process(kPrep + " tokenize --vocab-json " + tiny.vocab_json + " --merges-txt " +
+                      tiny.merges_txt + " --texts-json " + texts + " --max-len 12",
+                  60);
+  ASSERT_EQ(tokenized.exit_code, 0) << tokenized.output;
+  EXPECT_EQ(json::parse(tokenized.output),
+            json::array({std::vector<int64_t>(first.begin(), first.begin() + 7)}));
+  const auto inspected = run_process(kPrep + " inspect " + fixture.output, 60);
+  EXPECT_EQ(inspected.exit_code, 0) << inspected.output;
+  EXPECT_NE(inspected.output.find("special tokens: pad 1, cls 0, eos 2, unk 3; tokenizer files "
+                                  "sha256 " +
+                                  info.tokenizer_sha256),
+            std::string::npos)
+      << inspected.output;
+  EXPECT_NE(inspected.output.find("(clip)"), std::string::npos) << inspected.output;
+}
+
+// A version-1 file (before the tokenizer and normalisation attributes) reads
+// as the word tokenizer with ids 0, 1, 2 and the dataset's statistics.
+TEST(Prep, ReadsVersion1Files) {
+  Fixture fixture("version1");
+  ASSERT_EQ(run_process(fixture.command(), 120).exit_code, 0);
+  {
+    vqa::data::hdf5_silence_errors();
+    vqa::data::Hdf5Id file(H5Fopen(fixture.output.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+    ASSERT_TRUE(file.valid());
+    namespace d = vqa::data;
+    for (const char* name :
+         {d::kAttrPadTokenId, d::kAttrClsTokenId, d::kAttrEosTokenId, d::kAttrUnkTokenId,
+          d::kAttrTokenizerSha256, d::kAttrImageNormalization, d::kAttrFormatVersion}) {
+      ASSERT_GE(H5Adelete(file.get(), name), 0) << name;
+    }
+    d::hdf5_write_int_attribute(file.get(), d::kAttrFormatVersion, 1, fixture.output);
+  }
+  vqa::data::DatasetReader reader(fixture.output, "train");
+  EXPECT_EQ(reader.info().format_version, 1);
+  EXPECT_EQ(reader.info().special_tokens.pad, 0);
+  EXPECT_EQ(reader.info().special_tokens.cls, 2);
+  EXPECT_EQ(reader.info().special_tokens.eos, -1);
+  EXPECT_EQ(reader.info().special_tokens.unk, 1);
+  EXPECT_EQ(reader.info().image_normalization, "dataset");
+  EXPECT_EQ(reader.info().identity.substr(0, 3), "v1/");
+  const auto result = run_process(kPrep + " inspect " + fixture.output, 60);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("format: vqa-hpc version 1"), std::string::npos) << result.output;
+}
+
+// The tokenizer and normalisation options: a bad command line exits 2, a bad
+// tokenizer file 1; each names the option or file and the value, and leaves
+// no output.
+TEST(PrepBadInput, TokenizerAndNormalizeOptionsAndFiles) {
+  Fixture fixture("bad_tokenizer");
+  const auto tiny = vqa::testing::tiny_roberta_write(fixture.dir);
+  const std::string vocab = fixture.dir + "/vocab_bad.json",
+                    merges = fixture.dir + "/merges_bad.txt";
+  std::ofstream(vocab) << "{\"<s>\": 0, \"<pad>\": 1,";
+  std::ofstream(merges) << "#version: 0.2\nI s\nI  s\n";
+  const std::string gpt2_vocab = fixture.dir + "/gpt2_like.json";
+  std::ofstream(gpt2_vocab) << "{\"I\": 0, \"s\": 1, \"Is\": 2}";
+  const std::string roberta = "--tokenizer roberta ";
+  struct Case {
+    std::string name, options;
+    int exit_code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"roberta without files", roberta, 2,
+       "--tokenizer roberta needs --vocab-json FILE and --merges-txt FILE"},
+      {"roberta without merges", roberta + "--vocab-json " + tiny.vocab_json, 2,
+       "--tokenizer roberta needs --vocab-json FILE and --merges-txt FILE"},
+      {"unknown tokenizer", "--tokenizer bert", 2,
+       "--tokenizer 'bert': expected 'word' or 'roberta'"},
+      {"files with word", "--vocab-json " + tiny.vocab_json + " --merges-txt " + tiny.merges_txt, 2,
+       "--vocab-json and --merges-txt are read by --tokenizer roberta only"},
+      {"unknown normalize", "--normalize imagenet", 2, "--normalize 'imagenet': expected"},
+      {"missing vocab file",
+       roberta + "--vocab-json " + fixture.dir + "/none.json --merges-txt " + tiny.merges_txt, 1,
+       fixture.dir + "/none.json: no such file (--vocab-json)"},
+      {"malformed vocab", roberta + "--vocab-json " + vocab + " --merges-txt " + tiny.merges_txt, 1,
+       vocab + ": malformed JSON"},
+      {"malformed merges", roberta + "--vocab-json " + tiny.vocab_json + " --merges-txt " + merges,
+       1, merges + ": line 3: \"I  s\" is not a merge"},
+      {"no special tokens", roberta + "--vocab-json " + gpt2_vocab + " --merges-txt " + merges, 1,
+       gpt2_vocab + ": has no <pad> token"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    if (c.name == "no special tokens") std::ofstream(merges) << "I s\n";
+    const auto result = run_process(fixture.command(c.options), 60);
+    EXPECT_EQ(result.exit_code, c.exit_code) << result.output;
+    EXPECT_NE(result.output.find(c.message), std::string::npos) << result.output;
+    EXPECT_FALSE(fixture.output_left());
+  }
+}
+
+}  // namespace
