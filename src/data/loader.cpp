@@ -64,6 +64,15 @@ torch::Tensor positions_in(const std::vector<int64_t>& values, const std::vector
   return torch::tensor(position, torch::kInt64);
 }
 
+// Every tensor of the batch in pinned memory (LoaderOptions::pin_memory).
+void pin_batch(Batch& batch) {
+  for (torch::Tensor* tensor :
+       {&batch.images, &batch.token_ids, &batch.attention_mask, &batch.targets, &batch.answer_type,
+        &batch.question_ids, &batch.question_type, &batch.valid}) {
+    if (tensor->defined()) *tensor = tensor->pin_memory();
+  }
+}
+
 // Questions `rows` (any order, repeats allowed) and their images, in that
 // order; each distinct question and image is read once.
 Batch read_batch(DatasetReader& reader, const std::vector<int64_t>& rows,
@@ -212,9 +221,12 @@ void ShardedLoader::submit(int64_t step) {
   std::vector<float> valid;
   valid.reserve(rows.size());
   for (int64_t i = begin; i < end; ++i) valid.push_back(i < padding_start ? 1.0f : 0.0f);
-  in_flight_.push_back(Hdf5IoThread::instance().submit(
-      [reader = reader_, rows = std::move(rows), valid = std::move(valid)] {
-        return read_batch(*reader, rows, valid);
+  in_flight_.push_back(
+      Hdf5IoThread::instance().submit([reader = reader_, rows = std::move(rows),
+                                       valid = std::move(valid), pin = options_.pin_memory] {
+        Batch batch = read_batch(*reader, rows, valid);
+        if (pin) pin_batch(batch);
+        return batch;
       }));
 }
 

@@ -59,6 +59,11 @@ struct LoaderOptions {
   // and keep a smaller last batch.
   bool drop_last = false;
   int prefetch_depth = 2;  // batches prepared ahead; 0 reads in next() (still on the I/O thread)
+  // Hand out batches in page-locked (pinned) host memory, so that copies to
+  // a GPU with non_blocking run asynchronously. Needs a CUDA LibTorch; the
+  // pinned blocks come from LibTorch's caching host allocator, which reuses
+  // them batch after batch once the copies from them have finished.
+  bool pin_memory = false;
   int rank = 0;
   int world_size = 1;
   // Opening and validating the file fails (DataFormatError naming the file

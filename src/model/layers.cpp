@@ -1,6 +1,14 @@
 #include "model/layers.h"
 
+#include <torch/version.h>
+
 #include <cmath>
+#include <stdexcept>
+
+// at::scaled_dot_product_attention came with LibTorch 2.0.
+#if TORCH_VERSION_MAJOR >= 2
+#define VQA_HAVE_SDPA 1
+#endif
 
 namespace vqa::model {
 
@@ -55,6 +63,17 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
   const torch::Tensor q = split_heads(query_(queries));
   const torch::Tensor k = split_heads(key_(keys_values));
   const torch::Tensor v = split_heads(value_(keys_values));
+#ifdef VQA_HAVE_SDPA
+  if (fused_) {
+    const double dropout = is_training() ? attention_dropout_->options.p() : 0.0;
+    // Under autocast q, k and v are bfloat16 and the mask must match them.
+    const c10::optional<at::Tensor> mask =
+        key_bias.defined() ? c10::optional<at::Tensor>(key_bias.to(q.scalar_type())) : c10::nullopt;
+    const torch::Tensor context =
+        at::scaled_dot_product_attention(q, k, v, mask, dropout, /*is_causal=*/false);
+    return output_(context.transpose(1, 2).reshape({batch, query_length, hidden}));
+  }
+#endif
 
   torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(head_size));
   if (key_bias.defined()) {
@@ -64,6 +83,22 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
   const torch::Tensor context =
       torch::matmul(probabilities, v).transpose(1, 2).reshape({batch, query_length, hidden});
   return output_(context);
+}
+
+bool MultiHeadAttentionImpl::fused_attention_available() {
+#ifdef VQA_HAVE_SDPA
+  return true;
+#else
+  return false;
+#endif
+}
+
+void MultiHeadAttentionImpl::set_fused_attention(bool fused) {
+  if (fused && !fused_attention_available()) {
+    throw std::invalid_argument(
+        "fused attention needs LibTorch 2.0 or later (at::scaled_dot_product_attention)");
+  }
+  fused_ = fused;
 }
 
 FeedForwardImpl::FeedForwardImpl(int64_t hidden, int64_t ffn, Activation activation)

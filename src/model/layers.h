@@ -30,8 +30,17 @@ class MultiHeadAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& keys_values,
                         const torch::Tensor& key_bias);
 
+  // LibTorch 2.x's at::scaled_dot_product_attention (flash or memory-
+  // efficient kernels on GPU) instead of the explicit matmul-softmax-matmul;
+  // the default where it exists. The same function either way (a test
+  // checks 1e-5), except for the dropout's random draws.
+  static bool fused_attention_available();
+  void set_fused_attention(bool fused);
+  bool fused_attention() const { return fused_; }
+
  private:
   int64_t heads_;
+  bool fused_ = fused_attention_available();
   torch::nn::Linear query_, key_, value_, output_;
   torch::nn::Dropout attention_dropout_;
 };

@@ -14,8 +14,9 @@ namespace vqa::train {
 // whose message names the file and row, with exit status 2 on every rank.
 bool next_batch_or_exit(data::ShardedLoader& loader, data::Batch& batch);
 
-// Moves a batch's model inputs to `device`. The copies are non_blocking, but
-// the loader's batches live in pageable memory, so on a GPU they still wait.
+// Moves a batch's model inputs to `device` with non_blocking copies: from the
+// loader's pinned batches on a GPU (LoaderOptions::pin_memory) they run
+// asynchronously on the current stream, ahead of the forward that reads them.
 data::Batch batch_to_device(const data::Batch& batch, const torch::Device& device);
 
 // BCE with logits on the soft targets, times K (M3AE's loss): the mean over

@@ -61,8 +61,8 @@ int main(int argc, char** argv) {
   // ---- data -----------------------------------------------------------------
   // Node-local copies that differ would hang the collective HDF5 open.
   train::require_same_files_on_all_ranks({config.train_data, config.test_data});
-  auto train_loader = train::open_loader(config.train_data, "train", config, rank);
-  auto test_loader = train::open_loader(config.test_data, "test", config, rank);
+  auto train_loader = train::open_loader(config.train_data, "train", config, rank, device);
+  auto test_loader = train::open_loader(config.test_data, "test", config, rank, device);
   train::require_same_on_all_ranks(
       "dataset", train_loader.info().identity + "|" + test_loader.info().identity);
   const int64_t steps_per_epoch = train::steps_per_epoch_or_exit(train_loader, config);

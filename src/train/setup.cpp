@@ -200,7 +200,8 @@ bool run_already_complete(const TrainConfig& config, const runtime::RankInfo& ra
 }
 
 data::ShardedLoader open_loader(const std::string& path, const std::string& split,
-                                const TrainConfig& config, const runtime::RankInfo& rank) {
+                                const TrainConfig& config, const runtime::RankInfo& rank,
+                                const torch::Device& device) {
   const bool train = split == "train";
   data::LoaderOptions options;
   options.batch_per_rank = config.batch_per_rank;
@@ -210,6 +211,7 @@ data::ShardedLoader open_loader(const std::string& path, const std::string& spli
   options.prefetch_depth = config.prefetch_depth;
   options.rank = rank.rank;
   options.world_size = rank.world_size;
+  options.pin_memory = device.is_cuda();
   try {
     return data::ShardedLoader(path, split, options);
   } catch (const std::exception& e) {

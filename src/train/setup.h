@@ -51,10 +51,12 @@ model::ModelConfig setup_model_config(const TrainConfig& config, const data::Dat
 bool run_already_complete(const TrainConfig& config, const runtime::RankInfo& rank);
 
 // The loader of `split` ("train" shuffled, "test" in file order) for this
-// rank; a bad file ends the job with the loader's message (exit 2).
-// Collective (the file is opened through MPI-IO).
+// rank, handing out pinned batches when `device` is a GPU; a bad file ends
+// the job with the loader's message (exit 2). Collective (the file is
+// opened through MPI-IO).
 data::ShardedLoader open_loader(const std::string& path, const std::string& split,
-                                const TrainConfig& config, const runtime::RankInfo& rank);
+                                const TrainConfig& config, const runtime::RankInfo& rank,
+                                const torch::Device& device);
 
 // Optimiser steps per epoch of the train split; ends the job when the split
 // does not fill one --global-batch.

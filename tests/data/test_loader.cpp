@@ -180,6 +180,33 @@ TEST(Loader, ResumeSkipsStepsAndPrefetchDepthChangesNothing) {
   EXPECT_GE(deep.wait_seconds(), 0.0);
 }
 
+// With pin_memory every tensor of every batch is page-locked, and the
+// batches are the same as unpinned ones. Pinned memory needs a CUDA LibTorch
+// and a GPU: SKIP elsewhere.
+TEST(Loader, PinnedBatchesAreLockedAndUnchanged) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "pinned host memory needs a CUDA LibTorch and a GPU";
+  }
+  auto pinned_options = options_for(8, false, 2);
+  pinned_options.pin_memory = true;
+  ShardedLoader pinned(synth_path(), "train", pinned_options);
+  ShardedLoader plain(synth_path(), "train", options_for(8, false, 2));
+  pinned.start_epoch(0);
+  plain.start_epoch(0);
+  vqa::data::Batch a, b;
+  int64_t batches = 0;
+  while (pinned.next(a)) {
+    ASSERT_TRUE(plain.next(b));
+    for (const auto* t : {&a.images, &a.token_ids, &a.attention_mask, &a.targets, &a.valid}) {
+      EXPECT_TRUE(t->is_pinned());
+    }
+    EXPECT_TRUE(torch::equal(a.images, b.images));
+    EXPECT_TRUE(torch::equal(a.token_ids, b.token_ids));
+    ++batches;
+  }
+  EXPECT_GT(batches, 0);
+}
+
 TEST(Loader, IdentityIsEqualOnEveryRank) {
   ShardedLoader loader(synth_path(), "test", options_for(4, false, 1));
   const auto all = vqa::runtime::distributed_gather_strings(loader.info().identity);
