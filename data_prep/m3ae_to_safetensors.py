@@ -6,9 +6,14 @@
 m3ae.ckpt (from the M3AE paper's code, on PyTorch Lightning) is a torch.save
 zip: its "state_dict" holds M3AE's tensors, next to "hyper_parameters",
 "callbacks" keyed by Lightning classes, "optimizer_states" and more. Only
-torch is needed (Debian's python3-torch): classes of modules that are not
-installed (pytorch_lightning, M3AE's own) are unpickled as stand-ins, since
-nothing but the tensors is kept. vqa_train --init-from reads the output.
+torch is needed (Debian's python3-torch): the classes it names outside
+torch (pytorch_lightning's, M3AE's own) are unpickled as stand-ins, since
+nothing but the tensors is kept. With PyTorch 2.6 and later the checkpoint
+is loaded weights-only, as torch.load then does by default, so that none of
+its code runs: the stand-ins are what is allowed beyond torch's own list.
+Before 2.6 (1.13 has no such list) it is unpickled whole, and classes of
+modules that are not installed become stand-ins. vqa_train --init-from
+reads the output.
 
 The output is the safetensors format (github.com/huggingface/safetensors):
 an 8-byte little-endian header length, a JSON header {name: {dtype, shape,
@@ -22,6 +27,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import struct
 import sys
 import types
@@ -82,20 +88,43 @@ class StandInModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-def load_state_dict(path):
+def torch_at_least(major, minor):
+    return tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2]) >= (major, minor)
+
+
+def load_weights_only(path):
+    """PyTorch 2.6 and later: torch.load(weights_only=True), every global the
+    checkpoint names beyond torch's allow list allowed as a StandIn subclass
+    of that name (one per name: Lightning keys its callbacks dict by class)."""
+    stand_ins = []
+    for name in torch.serialization.get_unsafe_globals_in_checkpoint(path):
+        module, _, attribute = name.rpartition(".")
+        stand_ins.append((type(attribute, (StandIn,), {"__module__": module}), name))
+    with torch.serialization.safe_globals(stand_ins):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_whole(path):
+    """Before PyTorch 2.6: the whole pickle, with StandInModules last on
+    sys.meta_path for the modules that are not installed."""
     finder = StandInModules()
     sys.meta_path.append(finder)
     before = set(sys.modules)
     try:
-        checkpoint = torch.load(path, map_location="cpu")
-    except Exception as error:  # torch raises many kinds on a bad file
-        raise SystemExit(f"m3ae_to_safetensors.py: {path}: torch.load failed: {error}")
+        return torch.load(path, map_location="cpu")
     finally:
         sys.meta_path.remove(finder)
         for name in set(sys.modules) - before:
             if isinstance(sys.modules[name].__spec__, importlib.machinery.ModuleSpec) and \
                     sys.modules[name].__spec__.loader is finder:
                 del sys.modules[name]
+
+
+def load_state_dict(path):
+    try:
+        checkpoint = load_weights_only(path) if torch_at_least(2, 6) else load_whole(path)
+    except Exception as error:  # torch raises many kinds on a bad file
+        raise SystemExit(f"m3ae_to_safetensors.py: {path}: torch.load failed: {error}")
     if isinstance(checkpoint, dict) and "state_dict" in checkpoint:
         state = checkpoint["state_dict"]
     elif isinstance(checkpoint, dict) and all(torch.is_tensor(v) for v in checkpoint.values()):

@@ -143,12 +143,23 @@ Hdf5ElementType hdf5_element_type(hid_t object, bool is_attribute, const std::st
 
 namespace {
 
-Hdf5Id open_attribute(hid_t object, const std::string& name, const std::string& path) {
-  if (H5Aexists(object, name.c_str()) <= 0) {
-    throw DataFormatError(path + ": attribute '" + name + "' is missing");
+// An attribute that HDF5 fails to look up or read: the header or the global
+// heap that holds it is damaged (HDF5 1.14 reports what HDF5 1.10 can crash
+// on, tests/fuzz/hdf5_crashes).
+void attribute_try(int64_t rc, const std::string& name, const std::string& path) {
+  if (rc < 0) {
+    throw DataFormatError(
+        path + ": attribute '" + name +
+        "': cannot be read (the file is most likely damaged): " + util::hdf5_error_stack());
   }
+}
+
+Hdf5Id open_attribute(hid_t object, const std::string& name, const std::string& path) {
+  const htri_t exists = H5Aexists(object, name.c_str());
+  attribute_try(exists, name, path);  // an error is not an absence
+  if (exists == 0) throw DataFormatError(path + ": attribute '" + name + "' is missing");
   Hdf5Id attribute(H5Aopen(object, name.c_str(), H5P_DEFAULT));
-  hdf5_try(attribute.get(), ("H5Aopen('" + name + "')").c_str(), path);
+  attribute_try(attribute.get(), name, path);
   return attribute;
 }
 
@@ -171,8 +182,7 @@ int64_t hdf5_read_int_attribute(hid_t object, const std::string& name, const std
                           std::to_string(count) + " x " + type.describe());
   }
   int64_t value = 0;
-  hdf5_try(H5Aread(attribute.get(), H5T_NATIVE_INT64, &value), ("H5Aread('" + name + "')").c_str(),
-           path);
+  attribute_try(H5Aread(attribute.get(), H5T_NATIVE_INT64, &value), name, path);
   return value;
 }
 
@@ -187,8 +197,7 @@ std::vector<double> hdf5_read_double_attribute(hid_t object, const std::string& 
                           " x " + type.describe());
   }
   std::vector<double> values(static_cast<size_t>(count));
-  hdf5_try(H5Aread(attribute.get(), H5T_NATIVE_DOUBLE, values.data()),
-           ("H5Aread('" + name + "')").c_str(), path);
+  attribute_try(H5Aread(attribute.get(), H5T_NATIVE_DOUBLE, values.data()), name, path);
   return values;
 }
 
@@ -203,8 +212,7 @@ std::string hdf5_read_string_attribute(hid_t object, const std::string& name,
   }
   Hdf5Id memory_type = hdf5_string_type();
   char* text = nullptr;
-  hdf5_try(H5Aread(attribute.get(), memory_type.get(), &text), ("H5Aread('" + name + "')").c_str(),
-           path);
+  attribute_try(H5Aread(attribute.get(), memory_type.get(), &text), name, path);
   std::string value = text ? text : "";
   H5free_memory(text);
   return value;

@@ -71,13 +71,21 @@ std::string describe_difference(const std::string& reference, const std::string&
 }
 
 // A file's identity without HDF5: "PATH: N bytes, checksum X of its first
-// and last 64 KiB", or "PATH: missing or unreadable".
+// and last 64 KiB", "PATH: missing or unreadable" or "PATH: not a regular
+// file" (the dataset reader then says what is wrong with it).
 std::string file_identity(const std::string& path) {
   constexpr std::streamoff kEdgeBytes = 64 * 1024;
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (error || !std::filesystem::exists(status)) return path + ": missing or unreadable";
+  // A directory opens as a stream too; its size from seeking is the
+  // filesystem's choice (LLONG_MAX on ext4, -1 on tmpfs), never a length.
+  if (!std::filesystem::is_regular_file(status)) return path + ": not a regular file";
   std::ifstream file(path, std::ios::binary);
   if (!file) return path + ": missing or unreadable";
   file.seekg(0, std::ios::end);
   const std::streamoff size = file.tellg();
+  if (size < 0) return path + ": unreadable";
   std::string edges(static_cast<size_t>(std::min(size, kEdgeBytes)), '\0');
   file.seekg(0);
   file.read(edges.data(), static_cast<std::streamsize>(edges.size()));

@@ -243,16 +243,23 @@ void damage_file(const std::string& path, const std::string& what) {
 }
 
 // A file on which HDF5 1.10 itself segfaults (tests/fuzz/hdf5_crashes/):
-// the message names the file and what was being read, exit status 1.
+// the message names the file and what was being read, exit status 1. HDF5
+// 1.14 reports the damage instead (its lookup of the attribute fails), which
+// is not to be taken for a missing attribute.
 TEST(BadFile, InspectNamesAFileThatCrashesHdf5) {
   const std::string file =
       std::string(VQA_FUZZ_CRASHES) + "/hdf5_bytes/segv-in-global-heap-load.h5";
   const auto result = run_process(kPrep + " inspect " + file, 60);
   EXPECT_EQ(result.exit_code, 1) << result.output;
-  EXPECT_NE(result.output.find("vqa_prep inspect: error: " + file +
-                               ": attribute 'created_by': HDF5 crashed (SIGSEGV); the file is "
-                               "most likely damaged"),
-            std::string::npos)
+#if H5_VERSION_GE(1, 14, 0)
+  const std::string message =
+      ": attribute 'created_by': cannot be read (the file is most likely damaged): H5Aexists: "
+      "can't synchronously check if attribute exists";
+#else
+  const std::string message =
+      ": attribute 'created_by': HDF5 crashed (SIGSEGV); the file is most likely damaged";
+#endif
+  EXPECT_NE(result.output.find("vqa_prep inspect: error: " + file + message), std::string::npos)
       << result.output;
 }
 

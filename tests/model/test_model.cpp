@@ -213,7 +213,9 @@ TEST(M3AE, RobertaPositionsCountRealTokens) {
                                                    torch::cat({b.attention_mask, pad}, 1));
   EXPECT_TRUE(torch::allclose(short_logits, long_logits, /*rtol=*/1e-5, /*atol=*/1e-6));
   // Row 2 matters (the first real token), row 0 does not (never read).
-  auto& table = model->named_parameters()["text.position_embeddings.weight"];
+  // A handle of its own (sharing the parameter's storage): named_parameters()
+  // returns a temporary dict, so a reference into it would dangle.
+  torch::Tensor table = model->named_parameters()["text.position_embeddings.weight"];
   table[0].fill_(100.0);
   EXPECT_TRUE(torch::allclose(model->forward(b.images, b.token_ids, b.attention_mask), short_logits,
                               1e-5, 1e-6));

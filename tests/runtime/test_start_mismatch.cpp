@@ -2,8 +2,7 @@
 // step, with the difference printed: another configuration value on rank 1,
 // another dataset file under the same (relative) path on rank 1 (as with
 // node-local copies), another code version on rank 1. Real vqa_train under
-// an MPMD mpirun, so each rank gets its own arguments, directory and
-// environment.
+// mpirun, each rank with its own arguments, directory and environment.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -43,18 +42,21 @@ class StartMismatch : public ::testing::Test {
   }
   static void TearDownTestSuite() { fs::remove_all(directory_); }
 
-  // vqa_train on 2 ranks: rank 0 runs `rank0`, rank 1 `rank1` (each a prefix
-  // such as "-wdir DIR" or "env X=Y" plus the program), both with `flags`.
+  // vqa_train on 2 ranks: rank 0 runs `rank0`, rank 1 `rank1` (shell
+  // commands such as "cd DIR && exec PROGRAM" or "exec env X=Y PROGRAM"),
+  // both with `flags`. One program line, in which a shell picks its rank's
+  // command: an MPMD line (-np 1 A : -np 1 B) makes Debian 13's mpirun (Open
+  // MPI 5 with PRRTE 3 and an external PMIx) segfault before any rank starts.
   static vqa::testing::ProcessResult run(const std::string& name, const std::string& rank0,
                                          const std::string& rank1, const std::string& flags) {
     const std::string common = std::string(" --out ") + directory_ + "/" + name +
                                " --threads 1 --progress off --epochs 1 --max-steps-per-epoch 2"
                                " --global-batch 16 --batch-per-rank 8 --eval-every 0 " +
                                flags;
-    return vqa::testing::run_process(
-        "mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 -np 1 " + rank0 + common +
-            " : -np 1 " + rank1 + common,
-        120);
+    return vqa::testing::run_process(vqa::testing::mpirun_prefix(2) +
+                                         "sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 0 ]; then " +
+                                         rank0 + common + "; else " + rank1 + common + "; fi'",
+                                     120);
   }
 
   static void expect_refused(const vqa::testing::ProcessResult& result, const std::string& name) {
@@ -74,8 +76,8 @@ class StartMismatch : public ::testing::Test {
 
 TEST_F(StartMismatch, DifferentConfigurationValueIsRefusedWithBothValues) {
   const std::string data = " --train-data " + directory_ + "/a/synth.h5";
-  const auto result =
-      run("config", VQA_TRAIN + data + " --lr 0.001", VQA_TRAIN + data + " --lr 0.002", "");
+  const auto result = run("config", "exec " VQA_TRAIN + data + " --lr 0.001",
+                          "exec " VQA_TRAIN + data + " --lr 0.002", "");
   expect_refused(result, "config");
   EXPECT_TRUE(contains(result.output, "the configuration differs between the ranks"))
       << result.output;
@@ -85,8 +87,8 @@ TEST_F(StartMismatch, DifferentConfigurationValueIsRefusedWithBothValues) {
 }
 
 TEST_F(StartMismatch, DifferentDatasetFileUnderTheSamePathIsRefusedWithSizes) {
-  const auto result = run("files", "-wdir " + directory_ + "/a " + VQA_TRAIN,
-                          "-wdir " + directory_ + "/b " + VQA_TRAIN, "--train-data synth.h5");
+  const auto result = run("files", "cd " + directory_ + "/a && exec " + VQA_TRAIN,
+                          "cd " + directory_ + "/b && exec " + VQA_TRAIN, "--train-data synth.h5");
   expect_refused(result, "files");
   EXPECT_TRUE(
       contains(result.output, "the dataset files differ between the ranks; copy the same file"))
@@ -103,8 +105,8 @@ TEST_F(StartMismatch, DifferentDatasetFileUnderTheSamePathIsRefusedWithSizes) {
 
 TEST_F(StartMismatch, IdenticalCopiesOnTwoNodesAreAccepted) {
   // The control: the same bytes in two directories train normally.
-  const auto result = run("copies", "-wdir " + directory_ + "/a " + VQA_TRAIN,
-                          "-wdir " + directory_ + "/c " + VQA_TRAIN, "--train-data synth.h5");
+  const auto result = run("copies", "cd " + directory_ + "/a && exec " + VQA_TRAIN,
+                          "cd " + directory_ + "/c && exec " + VQA_TRAIN, "--train-data synth.h5");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_FALSE(contains(result.output, "differs")) << result.output;
   EXPECT_TRUE(fs::exists(directory_ + "/copies/checkpoints")) << result.output;
@@ -113,8 +115,8 @@ TEST_F(StartMismatch, IdenticalCopiesOnTwoNodesAreAccepted) {
 TEST_F(StartMismatch, DifferentCodeVersionIsRefusedWithBothVersions) {
   const std::string program =
       std::string(VQA_TRAIN) + " --train-data " + directory_ + "/a/synth.h5";
-  const auto result =
-      run("version", program, "env VQA_TEST_CODE_VERSION=v0.0-other-build " + program, "");
+  const auto result = run("version", "exec " + program,
+                          "exec env VQA_TEST_CODE_VERSION=v0.0-other-build " + program, "");
   expect_refused(result, "version");
   EXPECT_TRUE(contains(result.output, "the ranks run different builds of vqa-hpc: rank 0 ("))
       << result.output;
