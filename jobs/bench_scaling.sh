@@ -9,6 +9,12 @@
 # Settings (environment):
 #   PRESET=small          model preset (tiny | small), for both implementations
 #   BATCH_PER_RANK=16     samples per rank per optimiser step (no accumulation)
+#   MAX_LEN=12            tokens per question in the dataset, padding included (the
+#                         synthetic questions are up to 12 long; M3AE pads to 32).
+#                         vqa_train cuts each batch to its longest question; the
+#                         DDP reference computes on all MAX_LEN columns, as M3AE does
+#   DDP_ATTENTION=explicit  the DDP model's attention: explicit (matmul / softmax /
+#                         matmul, as vqa_train's) or torch (nn.MultiheadAttention)
 #   STEPS=8               timed optimiser steps; vqa_train runs 2 epochs of STEPS
 #                         steps and the first is warm-up, DDP gets STEPS warm-up steps
 #   REPEATS=3             runs of everything; the table shows medians
@@ -37,6 +43,8 @@ build=${1:-build}
 shift || true
 preset=${PRESET:-small}
 batch=${BATCH_PER_RANK:-16}
+max_len=${MAX_LEN:-12}
+ddp_attention=${DDP_ATTENTION:-explicit}
 steps=${STEPS:-8}
 repeats=${REPEATS:-3}
 image_size=${IMAGE_SIZE:-96}
@@ -53,6 +61,10 @@ for n in "${ranks_list[@]}"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || die "RANKS must be positive integers, got '${RANKS:-}'"
 done
 ((${#ranks_list[@]})) || die "RANKS is empty"
+[[ $batch =~ ^[1-9][0-9]*$ ]] || die "BATCH_PER_RANK must be a positive integer, got '$batch'"
+[[ $max_len =~ ^[1-9][0-9]*$ ]] || die "MAX_LEN must be a positive integer, got '$max_len'"
+[[ $ddp_attention == explicit || $ddp_attention == torch ]] ||
+  die "DDP_ATTENTION must be explicit or torch, got '$ddp_attention'"
 for tool in vqa_prep vqa_train; do
   [[ -x $build/$tool ]] || die "$build/$tool not found; build it (cmake --build $build) or pass the build directory"
 done
@@ -76,7 +88,7 @@ json_python=${python:-python3}
 mkdir -p "$out_dir"
 work=$(mktemp -d "${TMPDIR:-/tmp}/vqa-scaling-XXXXXX")
 trap 'rm -rf "$work"' EXIT
-"$build/vqa_prep" synth -o "$work/synth.h5" --image-size "$image_size" \
+"$build/vqa_prep" synth -o "$work/synth.h5" --image-size "$image_size" --max-len "$max_len" \
   --train-questions $((batch * max_ranks * steps * 2)) --test-questions 64 >/dev/null
 # "answers: K labels; tokenizer: word, V entries; max question length L"
 question_length=$("$build/vqa_prep" inspect "$work/synth.h5" --records 0 |
@@ -133,6 +145,7 @@ ddp_setup() {
   [[ -n $parameters ]] || die "no parameter count in: $line"
   [[ $line == *input=pixels* ]] || die "the DDP reference covers pixel input only: $line"
   ddp_flags=(--preset "$preset" --batch-per-rank "$batch" --question-length "$question_length"
+    --attention "$ddp_attention"
     --bucket-mb "$(sed -nE 's/^bucket-mb = //p' "$run/config.ini")")
   local field
   for field in hidden heads ffn vision_layers text_layers fusion_layers vocab_size \
@@ -266,7 +279,8 @@ with open(table_path, "w", newline="") as out:
 EOF
 
 {
-  echo "# vqa-hpc scaling: preset $preset ($parameters parameters), $batch samples per rank per step, 1 thread per rank, $steps timed steps, median of $repeats runs; $cores cores"
+  echo "# vqa-hpc scaling: preset $preset ($parameters parameters), $batch samples per rank per step, questions padded to $question_length tokens, 1 thread per rank, $steps timed steps, median of $repeats runs; $cores cores"
+  [[ $with_ddp == 1 ]] && echo "# PyTorch DDP reference: attention $ddp_attention (jobs/ddp_reference.py --attention), every padded column computed"
   echo "# efficiency = S_N / (N x S_1) of the same implementation; vs_ddp = vqa-hpc / PyTorch DDP at the same ranks;"
   echo "# phases: ms per step, mean over all steps of all ranks (vqa_train's phase timers)"
   cat "$work/table.txt"

@@ -28,7 +28,8 @@ training loops, not of two workloads):
     bias-free patch convolution, RoBERTa-style post-LN text encoder,
     co-attention fusion (self-, cross-attention, feed-forward per side), the
     VQA head; attention written out as matmul / softmax / matmul with
-    contiguous heads; exact GELU; the same LayerNorm epsilons, the same
+    contiguous heads (--attention torch: through nn.MultiheadAttention
+    instead, PyTorch's usual module); exact GELU; the same LayerNorm epsilons, the same
     initialisation; the same parameter count (checked by the scaling script);
   - the inputs' shapes: [B, 3, S, S] float images, [B, L] int64 token ids and
     padding mask, [B, K] soft targets; the vocabulary, L, K and S are those of
@@ -132,6 +133,40 @@ class MultiHeadAttention(nn.Module):
         return self.output(context)
 
 
+class TorchAttention(nn.Module):
+    """The same attention through PyTorch's own module, as a PyTorch user
+    would write it: nn.MultiheadAttention (one packed in-projection GEMM for
+    self-attention, F.multi_head_attention_forward), padded keys as an
+    additive key_padding_mask. Its in-projection has a key bias, which
+    vqa_train's model leaves out (it always gets a zero gradient): that
+    slice is not counted in "parameters" (see counted_parameters)."""
+
+    def __init__(self, hidden, heads, dropout):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(hidden, heads, dropout=dropout, batch_first=True)
+
+    def forward(self, queries, keys_values, key_bias):
+        padding = None if key_bias is None else key_bias.view(key_bias.size(0), -1)
+        return self.attention(queries, keys_values, keys_values, key_padding_mask=padding,
+                              need_weights=False)[0]
+
+
+ATTENTION_MODULES = {"explicit": MultiHeadAttention, "torch": TorchAttention}
+attention_module = MultiHeadAttention  # main() sets it from --attention
+
+
+def make_attention(hidden, heads, dropout):
+    return attention_module(hidden, heads, dropout)
+
+
+def counted_parameters(model):
+    """Parameters as vqa_train counts them: without the key biases that only
+    nn.MultiheadAttention has (hidden values per attention module)."""
+    total = sum(p.numel() for p in model.parameters())
+    key_biases = sum(m.attention.embed_dim for m in model.modules() if isinstance(m, TorchAttention))
+    return total - key_biases
+
+
 class FeedForward(nn.Module):
     def __init__(self, hidden, ffn):
         super().__init__()
@@ -146,7 +181,7 @@ class PreNormBlock(nn.Module):
     def __init__(self, hidden, heads, ffn):
         super().__init__()
         self.attention_norm = nn.LayerNorm(hidden, eps=VISION_LAYER_NORM_EPS)
-        self.attention = MultiHeadAttention(hidden, heads, 0.0)
+        self.attention = make_attention(hidden, heads, 0.0)
         self.feed_forward_norm = nn.LayerNorm(hidden, eps=VISION_LAYER_NORM_EPS)
         self.feed_forward = FeedForward(hidden, ffn)
 
@@ -159,7 +194,7 @@ class PreNormBlock(nn.Module):
 class PostNormLayer(nn.Module):
     def __init__(self, hidden, heads, ffn, dropout):
         super().__init__()
-        self.attention = MultiHeadAttention(hidden, heads, dropout)
+        self.attention = make_attention(hidden, heads, dropout)
         self.attention_norm = nn.LayerNorm(hidden, eps=BERT_LAYER_NORM_EPS)
         self.feed_forward = FeedForward(hidden, ffn)
         self.feed_forward_norm = nn.LayerNorm(hidden, eps=BERT_LAYER_NORM_EPS)
@@ -173,9 +208,9 @@ class PostNormLayer(nn.Module):
 class CoAttentionLayer(nn.Module):
     def __init__(self, hidden, heads, ffn, dropout):
         super().__init__()
-        self.self_attention = MultiHeadAttention(hidden, heads, dropout)
+        self.self_attention = make_attention(hidden, heads, dropout)
         self.self_attention_norm = nn.LayerNorm(hidden, eps=BERT_LAYER_NORM_EPS)
-        self.cross_attention = MultiHeadAttention(hidden, heads, dropout)
+        self.cross_attention = make_attention(hidden, heads, dropout)
         self.cross_attention_norm = nn.LayerNorm(hidden, eps=BERT_LAYER_NORM_EPS)
         self.feed_forward = FeedForward(hidden, ffn)
         self.feed_forward_norm = nn.LayerNorm(hidden, eps=BERT_LAYER_NORM_EPS)
@@ -284,7 +319,7 @@ class M3AE(nn.Module):
         with torch.no_grad():
             for module in self.modules():
                 for name, parameter in module.named_parameters(recurse=False):
-                    if name == "bias":
+                    if name.endswith("bias"):  # nn.MultiheadAttention's in_proj_bias too
                         parameter.zero_()
                     elif isinstance(module, nn.LayerNorm):
                         parameter.fill_(1.0)
@@ -332,7 +367,7 @@ def parameter_groups(model, lr, weight_decay, fusion_multiplier, head_multiplier
     no_decay = set()
     for module in model.modules():
         for name, parameter in module.named_parameters(recurse=False):
-            if isinstance(module, nn.LayerNorm) or name == "bias":
+            if isinstance(module, nn.LayerNorm) or name.endswith("bias"):
                 no_decay.add(id(parameter))
     part_index = {"vision": 0, "text": 0, "fusion": 1, "head": 2}
     tensors = [[] for _ in range(6)]
@@ -379,6 +414,8 @@ def torch_version():
 
 
 def run_rank(rank, args, port):
+    global attention_module  # a spawned process imports this file afresh
+    attention_module = ATTENTION_MODULES[args.attention]
     torch.set_num_threads(args.threads)
     # PyTorch 2.4 made the TCP rendezvous store use libuv by default, and
     # Debian's python3-torch 2.x is built without it ("use_libuv was requested
@@ -391,7 +428,7 @@ def run_rank(rank, args, port):
     c = model_config(args)
     torch.manual_seed(args.seed)
     model = M3AE(c)
-    parameters = sum(p.numel() for p in model.parameters())
+    parameters = counted_parameters(model)
     ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
     groups, multipliers = parameter_groups(model, args.lr, 0.01, 5.0, 50.0)
     optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98), eps=1e-8,
@@ -432,7 +469,8 @@ def print_result(args, c, parameters, **timing):
               "preset": args.preset, "ranks": args.ranks, "threads_per_rank": args.threads,
               "batch_per_rank": args.batch_per_rank, "steps": args.steps,
               "warmup_steps": args.warmup_steps, "bucket_mb": args.bucket_mb,
-              "foreach": bool(args.foreach), "parameters": parameters, "model": c}
+              "foreach": bool(args.foreach), "attention": args.attention,
+              "parameters": parameters, "model": c}
     record.update(timing)
     print(json.dumps(record), flush=True)
 
@@ -463,6 +501,9 @@ def main():
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--foreach", action="store_true", help="multi-tensor AdamW")
+    parser.add_argument("--attention", choices=sorted(ATTENTION_MODULES), default="explicit",
+                        help="explicit: matmul / softmax / matmul as vqa_train's; torch: "
+                             "nn.MultiheadAttention")
     parser.add_argument("--port", type=int, default=0, help="rendezvous port (0: a free one)")
     parser.add_argument("--count-only", action="store_true",
                         help="print the parameter count and exit")
@@ -473,10 +514,12 @@ def main():
     if args.warmup_steps < 0:
         parser.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
 
+    global attention_module
+    attention_module = ATTENTION_MODULES[args.attention]
     if args.count_only:
         c = model_config(args)
         model = M3AE(c)
-        print_result(args, c, sum(p.numel() for p in model.parameters()))
+        print_result(args, c, counted_parameters(model))
         return
     # Every rank one thread, also inside OpenMP regions started before
     # set_num_threads (the spawned processes inherit the environment).

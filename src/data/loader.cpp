@@ -64,6 +64,22 @@ torch::Tensor positions_in(const std::vector<int64_t>& values, const std::vector
   return torch::tensor(position, torch::kInt64);
 }
 
+}  // namespace
+
+void batch_trim_text_padding(Batch& batch) {
+  if (!batch.attention_mask.defined() || batch.attention_mask.dim() != 2) return;
+  const int64_t width = batch.attention_mask.size(1);
+  // 1 + the index of the last real token of any row.
+  const auto columns = torch::arange(1, width + 1, torch::kInt64);
+  const int64_t longest = std::max<int64_t>(
+      1, (batch.attention_mask.ne(0).to(torch::kInt64) * columns).max().item<int64_t>());
+  if (longest >= width) return;
+  batch.token_ids = batch.token_ids.narrow(1, 0, longest).contiguous();
+  batch.attention_mask = batch.attention_mask.narrow(1, 0, longest).contiguous();
+}
+
+namespace {
+
 // Every tensor of the batch in pinned memory (LoaderOptions::pin_memory).
 void pin_batch(Batch& batch) {
   for (torch::Tensor* tensor :
@@ -221,10 +237,11 @@ void ShardedLoader::submit(int64_t step) {
   std::vector<float> valid;
   valid.reserve(rows.size());
   for (int64_t i = begin; i < end; ++i) valid.push_back(i < padding_start ? 1.0f : 0.0f);
-  in_flight_.push_back(
-      Hdf5IoThread::instance().submit([reader = reader_, rows = std::move(rows),
-                                       valid = std::move(valid), pin = options_.pin_memory] {
+  in_flight_.push_back(Hdf5IoThread::instance().submit(
+      [reader = reader_, rows = std::move(rows), valid = std::move(valid),
+       pin = options_.pin_memory, trim = options_.trim_text_padding] {
         Batch batch = read_batch(*reader, rows, valid);
+        if (trim) batch_trim_text_padding(batch);
         if (pin) pin_batch(batch);
         return batch;
       }));

@@ -64,6 +64,12 @@ struct LoaderOptions {
   // pinned blocks come from LibTorch's caching host allocator, which reuses
   // them batch after batch once the copies from them have finished.
   bool pin_memory = false;
+  // Drop the text columns past every row's last real token (the batch's
+  // longest question, at least one column), so that the model computes
+  // nothing on padding; its outputs do not change beyond float rounding
+  // (padded keys get an attention weight of exactly 0, positions depend on
+  // the real tokens only). Done on the I/O thread, before pinning.
+  bool trim_text_padding = false;
   int rank = 0;
   int world_size = 1;
   // Opening and validating the file fails (DataFormatError naming the file
@@ -114,6 +120,10 @@ class ShardedLoader {
   std::deque<std::future<Batch>> in_flight_;
   double wait_seconds_ = 0.0;
 };
+
+// LoaderOptions::trim_text_padding on one batch: token_ids and
+// attention_mask cut to the longest row's real tokens (at least one column).
+void batch_trim_text_padding(Batch& batch);
 
 // The sampler of torch's DistributedSampler, as a pure function: a permutation
 // of [0, dataset_size) from (seed, epoch) when shuffle (identity order

@@ -58,11 +58,35 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
   // on the transposed view copies per batch and measured several times slower
   // than the copy it saves.
   const auto split_heads = [&](const torch::Tensor& x) {
-    return x.view({batch, x.size(1), heads_, head_size}).transpose(1, 2).contiguous();
+    return x.reshape({batch, x.size(1), heads_, head_size}).transpose(1, 2).contiguous();
   };
-  const torch::Tensor q = split_heads(query_(queries));
-  const torch::Tensor k = split_heads(key_(keys_values));
-  const torch::Tensor v = split_heads(value_(keys_values));
+  torch::Tensor q, k, v;
+  if (packed_) {
+    // One GEMM for q, k and v (self-attention) or for k and v (cross): the
+    // three weights concatenated per call, their names and checkpoints
+    // unchanged; the key has no bias (zeros in its place).
+    const auto key_bias_zeros = torch::zeros_like(value_->bias);
+    if (queries.is_same(keys_values)) {
+      const auto qkv =
+          torch::linear(queries, torch::cat({query_->weight, key_->weight, value_->weight}),
+                        torch::cat({query_->bias, key_bias_zeros, value_->bias}))
+              .chunk(3, /*dim=*/-1);
+      q = split_heads(qkv[0]);
+      k = split_heads(qkv[1]);
+      v = split_heads(qkv[2]);
+    } else {
+      q = split_heads(query_(queries));
+      const auto kv = torch::linear(keys_values, torch::cat({key_->weight, value_->weight}),
+                                    torch::cat({key_bias_zeros, value_->bias}))
+                          .chunk(2, /*dim=*/-1);
+      k = split_heads(kv[0]);
+      v = split_heads(kv[1]);
+    }
+  } else {
+    q = split_heads(query_(queries));
+    k = split_heads(key_(keys_values));
+    v = split_heads(value_(keys_values));
+  }
 #ifdef VQA_HAVE_SDPA
   if (fused_) {
     const double dropout = is_training() ? attention_dropout_->options.p() : 0.0;
@@ -91,6 +115,16 @@ bool MultiHeadAttentionImpl::fused_attention_available() {
 #else
   return false;
 #endif
+}
+
+void MultiHeadAttentionImpl::set_packed_projections(bool packed) { packed_ = packed; }
+
+void set_packed_projections(torch::nn::Module& root, bool packed) {
+  root.apply([packed](torch::nn::Module& module) {
+    if (auto* attention = module.as<MultiHeadAttentionImpl>()) {
+      attention->set_packed_projections(packed);
+    }
+  });
 }
 
 void MultiHeadAttentionImpl::set_fused_attention(bool fused) {

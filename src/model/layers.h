@@ -38,13 +38,24 @@ class MultiHeadAttentionImpl : public torch::nn::Module {
   void set_fused_attention(bool fused);
   bool fused_attention() const { return fused_; }
 
+  // One GEMM for the q, k and v projections (k and v in cross-attention)
+  // over the three weights concatenated per call. The same function (a test
+  // checks 1e-5), the same parameters and names. Off by default: on the CPU
+  // (OpenBLAS, one thread) it measured slower than three GEMMs (README).
+  void set_packed_projections(bool packed);
+  bool packed_projections() const { return packed_; }
+
  private:
   int64_t heads_;
   bool fused_ = fused_attention_available();
+  bool packed_ = false;
   torch::nn::Linear query_, key_, value_, output_;
   torch::nn::Dropout attention_dropout_;
 };
 TORCH_MODULE(MultiHeadAttention);
+
+// set_packed_projections on every MultiHeadAttention under `root`.
+void set_packed_projections(torch::nn::Module& root, bool packed);
 
 // Linear(hidden, ffn) -> GELU (or QuickGELU) -> Linear(ffn, hidden).
 class FeedForwardImpl : public torch::nn::Module {

@@ -81,4 +81,10 @@ bool keep_freed_memory_for_reuse() {
 #endif
 }
 
+bool mpi_yield_when_idle() {
+  constexpr const char* kName = "OMPI_MCA_mpi_yield_when_idle";
+  if (std::getenv(kName) != nullptr) return false;
+  return setenv(kName, "1", /*overwrite=*/0) == 0;
+}
+
 }  // namespace vqa::runtime

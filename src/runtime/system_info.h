@@ -27,4 +27,14 @@ bool warn_if_reference_blas();
 // when it changed the settings.
 bool keep_freed_memory_for_reuse();
 
+// Open MPI's progress loop spins while a collective waits for another rank;
+// the communicator's progress thread doing so takes a core from backward
+// whenever ranks share cores (2 ranks on 2 cores: backward 290 -> 260 ms per
+// step of the small preset, 2-rank samples/s +15%, README). This sets
+// OMPI_MCA_mpi_yield_when_idle=1 (sched_yield() in the loop when nothing
+// progressed) for MPI_Init to read. Call before MPI_Init. Does nothing when
+// the variable is set already (by the user, or by mpirun --mca
+// mpi_yield_when_idle V, which exports it). Returns true when it set it.
+bool mpi_yield_when_idle();
+
 }  // namespace vqa::runtime

@@ -24,6 +24,9 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
       .add("prefetch-depth", &c.prefetch_depth, "batches the loader thread prepares ahead")
       .add("drop-last", &c.drop_last,
            "drop the tail that does not fill every rank instead of wrapping around")
+      .add("trim-text-padding", &c.trim_text_padding,
+           "cut each batch's questions to the longest one (no compute on padding; the same "
+           "outputs within float rounding)")
       .add("preset", &c.preset, "model size: tiny | small | base")
       .add("hidden", &c.hidden, "hidden size (0: preset)")
       .add("heads", &c.heads, "attention heads (0: preset)")
@@ -53,6 +56,9 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
       .add("bucket-mb", &c.bucket_mb, "gradient bucket size in MiB for the overlapped allreduce")
       .add("bf16-allreduce", &c.bf16_allreduce, "send gradients as bfloat16 (half the bytes)")
       .add("bf16-autocast", &c.bf16_autocast, "bfloat16 autocast for the forward pass (GPU only)")
+      .add("packed-attention", &c.packed_attention,
+           "one GEMM for the q, k and v projections (k and v across); the same function and "
+           "parameter names")
       .add("no-comm", &c.no_comm, "benchmark only: skip the gradient allreduce (ranks diverge)")
       .add("comm-timeout", &c.comm_timeout,
            "seconds a collective may wait: a warning names the ranks that have not arrived at "

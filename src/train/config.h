@@ -25,6 +25,7 @@ struct TrainConfig {
   std::string test_data;   // defaults to train_data (the file holds both splits)
   int prefetch_depth = 4;
   bool drop_last = false;
+  bool trim_text_padding = true;  // cut each batch's text to its longest question
   // model
   std::string preset = "tiny";
   int64_t hidden = 0, heads = 0, ffn = 0, vision_layers = 0, text_layers = 0, fusion_layers = 0,
@@ -48,8 +49,9 @@ struct TrainConfig {
   int threads = 0;               // CPU threads per rank; 0: host cores / ranks on the host
   double bucket_mb = 25.0;
   bool bf16_allreduce = false;
-  bool bf16_autocast = false;  // GPU only
-  bool no_comm = false;        // benchmark only: skip the gradient allreduce (ranks diverge)
+  bool bf16_autocast = false;     // GPU only
+  bool packed_attention = false;  // one GEMM for q, k, v (measured slower on CPU: README)
+  bool no_comm = false;           // benchmark only: skip the gradient allreduce (ranks diverge)
   double comm_timeout = runtime::kDefaultCollectiveTimeoutSeconds;  // per collective; 0: none
   // loop, evaluation, output
   int eval_every = 1;

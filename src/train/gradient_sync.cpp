@@ -185,6 +185,15 @@ std::vector<BucketTiming> GradientSynchronizer::last_step_timings() const {
   return timings;
 }
 
+int64_t GradientSynchronizer::memory_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& bucket : buckets_) {
+    bytes += static_cast<int64_t>(bucket.flat.nbytes());
+    if (bucket.wire.defined()) bytes += static_cast<int64_t>(bucket.wire.nbytes());
+  }
+  return bytes;
+}
+
 std::vector<int64_t> GradientSynchronizer::bucket_bytes() const {
   std::vector<int64_t> sizes;
   for (const auto& bucket : buckets_) sizes.push_back(bucket.flat.numel() * 4);

@@ -87,6 +87,8 @@ class GradientSynchronizer {
   const GradientSyncStats& stats() const { return stats_; }
   // Bucket sizes in bytes, in launch order.
   std::vector<int64_t> bucket_bytes() const;
+  // Bytes the buckets hold: the float32 gradients and the bfloat16 copies sent.
+  int64_t memory_bytes() const;
   // The buckets of the last synchronised step, in launch order.
   std::vector<BucketTiming> last_step_timings() const;
 

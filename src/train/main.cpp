@@ -10,12 +10,13 @@
 #include <cstdio>
 
 #include "data/hdf5_crash.h"       // hdf5_crash_report_install
+#include "model/layers.h"          // set_packed_projections
 #include "model/m3ae.h"            // M3AE
 #include "runtime/check.h"         // rank_label
 #include "runtime/communicator.h"  // communicator_create
 #include "runtime/distributed.h"   // DistributedSession
 #include "runtime/stop_request.h"  // stop_signals_install
-#include "runtime/system_info.h"   // keep_freed_memory_for_reuse, warn_if_reference_blas
+#include "runtime/system_info.h"   // keep_freed_memory_for_reuse, mpi_yield_when_idle, ...
 #include "runtime/watchdog.h"      // set_collective_timeout
 #include "train/config.h"          // TrainConfig, config_parse, config_finalize, config_to_ini
 #include "train/gradient_sync.h"   // GradientSynchronizer, broadcast_module_state
@@ -31,6 +32,7 @@ using namespace vqa;
 
 int main(int argc, char** argv) {
   runtime::keep_freed_memory_for_reuse();  // before the first tensor: see system_info.h
+  runtime::mpi_yield_when_idle();          // before MPI_Init: see system_info.h
   // Declared first, so MPI ends after everything below is destroyed (the
   // loaders close their file collectively), on every return path.
   runtime::DistributedSession session(&argc, &argv);
@@ -71,6 +73,7 @@ int main(int argc, char** argv) {
   const model::ModelConfig model_config = train::setup_model_config(config, train_loader.info());
   torch::manual_seed(config.seed);
   model::M3AE model(model_config);
+  model::set_packed_projections(*model, config.packed_attention);
   const std::string initialized_from = train::init_model_if_asked(config, model, log);
   model->to(device);
   auto comm = runtime::communicator_create(runtime::backend_from_string(config.backend), device);

@@ -154,6 +154,16 @@ VqaOptimizer::VqaOptimizer(model::M3AE& model, const OptimizerSettings& settings
       groups, torch::optim::AdamWOptions(settings.lr).betas({0.9, 0.98}).eps(1e-8));
 }
 
+int64_t VqaOptimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& entry : adamw_->state()) {
+    const auto& state = static_cast<const torch::optim::AdamWParamState&>(*entry.second);
+    if (state.exp_avg().defined()) bytes += static_cast<int64_t>(state.exp_avg().nbytes());
+    if (state.exp_avg_sq().defined()) bytes += static_cast<int64_t>(state.exp_avg_sq().nbytes());
+  }
+  return bytes;
+}
+
 double VqaOptimizer::learning_rate(int64_t step) const {
   return settings_.lr * linear_schedule_factor(step, warmup_steps_, settings_.total_steps);
 }

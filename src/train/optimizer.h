@@ -58,6 +58,8 @@ class VqaOptimizer {
   double learning_rate(int64_t step) const;
 
   torch::optim::AdamW& adamw() { return *adamw_; }
+  // Bytes of the AdamW moments (0 before the first step).
+  int64_t state_bytes() const;
 
  private:
   bool fused_step_possible() const;

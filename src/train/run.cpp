@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "runtime/check.h"         // fatal_user_error
+#include "runtime/memory_usage.h"  // memory_peak_and_reset
 #include "runtime/stop_request.h"  // StopAgreement, stop_signal_name, kExitStopRequested
 #include "train/checkpoint.h"      // checkpoint_save, checkpoint_save_best
 #include "train/evaluation.h"      // evaluate
@@ -56,14 +57,23 @@ void report_epoch_steps(TrainingParts& parts, int64_t epoch, const EpochStats& s
   const int64_t timed = sync.timed_steps - sync_before.timed_steps;
   const double allreduce_seconds =
       timed > 0 ? (sync.allreduce_seconds - sync_before.allreduce_seconds) / timed : 0.0;
-  const auto summaries = rank_summaries_gather(
-      parts.comm, rank_summary_build(parts.comm.rank(), stats.step_times,
-                                     config.batch_per_rank * config.accumulation_steps,
-                                     eval_seconds, allreduce_seconds));
+  RankSummary mine = rank_summary_build(parts.comm.rank(), stats.step_times,
+                                        config.batch_per_rank * config.accumulation_steps,
+                                        eval_seconds, allreduce_seconds);
+  // This epoch's peak (training and its evaluation); the next epoch starts afresh.
+  const runtime::MemoryPeak peak = runtime::memory_peak_and_reset(parts.device);
+  mine.peak_memory_bytes = peak.bytes;
+  const auto summaries = rank_summaries_gather(parts.comm, mine);
   if (parts.comm.rank() != 0) return;
-  const auto report =
+  auto report =
       epoch_report_build(epoch, parts.device.is_cuda(), summaries,
                          config.no_comm ? 0 : sync.bytes_per_step, probe.bus_gbps, probe.bytes);
+  report.memory.source = peak.source;
+  for (const auto& parameter : parts.model->parameters()) {
+    report.memory.parameters += static_cast<int64_t>(parameter.nbytes());
+  }
+  report.memory.gradients = parts.gradients.memory_bytes();
+  report.memory.optimizer_state = parts.optimizer.state_bytes();
   report_json = epoch_report_json(report);
   report_lines = epoch_report_lines(report);
   util::write_file_atomically(out_path(config, "diagnosis.json"), report_json.dump(2) + "\n");

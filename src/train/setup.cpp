@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -220,6 +221,7 @@ data::ShardedLoader open_loader(const std::string& path, const std::string& spli
   options.rank = rank.rank;
   options.world_size = rank.world_size;
   options.pin_memory = device.is_cuda();
+  options.trim_text_padding = config.trim_text_padding;
   try {
     return data::ShardedLoader(path, split, options);
   } catch (const std::exception& e) {
@@ -346,6 +348,10 @@ void report_run_start(const TrainingParts& parts, const data::ShardedLoader& tra
   log.info("gradients: " + std::to_string(sync.buckets) + " bucket(s), " +
            std::to_string(sync.bytes_per_step) + " bytes per step" +
            (config.no_comm ? " (communication OFF)" : ""));
+  // Rank 0's value; mpirun gives every rank the same environment.
+  const char* yield = std::getenv("OMPI_MCA_mpi_yield_when_idle");
+  log.info(std::string("MPI waits: mpi_yield_when_idle=") + (yield ? yield : "unset") +
+           " (1: a waiting collective yields the core to compute; runtime/system_info.h)");
   if (probe.bus_gbps > 0) {
     char line[160];
     std::snprintf(line, sizeof(line),

@@ -17,6 +17,13 @@ std::string format(const char* pattern, double a, double b = 0, double c = 0, do
   return text;
 }
 
+// "1.25 GiB", "214.3 MiB", "1.1 MiB".
+std::string bytes_text(int64_t bytes) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const double mib = static_cast<double>(bytes) / kMiB;
+  return mib >= 1024.0 ? format("%.2f GiB", mib / 1024.0) : format("%.1f MiB", mib);
+}
+
 double share(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
 
 std::string phase_key(int phase) { return phase_name(static_cast<Phase>(phase)); }
@@ -77,7 +84,7 @@ std::vector<RankSummary> rank_summaries_gather(runtime::Communicator& comm,
   text.precision(17);
   text << mine.rank << ' ' << mine.steps << ' ' << mine.step_mean << ' ' << mine.step_p50 << ' '
        << mine.step_p95 << ' ' << mine.own_mean << ' ' << mine.samples_per_second << ' '
-       << mine.eval_seconds << ' ' << mine.allreduce_seconds;
+       << mine.eval_seconds << ' ' << mine.allreduce_seconds << ' ' << mine.peak_memory_bytes;
   for (double mean : mine.phase_mean) text << ' ' << mean;
   const auto all = comm.gather_strings(text.str());
   std::vector<RankSummary> summaries;
@@ -87,7 +94,7 @@ std::vector<RankSummary> rank_summaries_gather(runtime::Communicator& comm,
     RankSummary summary;
     in >> summary.rank >> summary.steps >> summary.step_mean >> summary.step_p50 >>
         summary.step_p95 >> summary.own_mean >> summary.samples_per_second >>
-        summary.eval_seconds >> summary.allreduce_seconds;
+        summary.eval_seconds >> summary.allreduce_seconds >> summary.peak_memory_bytes;
     for (double& mean : summary.phase_mean) in >> mean;
     VQA_CHECK(!in.fail(), "malformed rank summary: " + line);
     summaries.push_back(summary);
@@ -256,6 +263,20 @@ std::vector<std::string> epoch_report_lines(const EpochReport& report) {
                          report.bus_gbps, report.reference_bytes / 1e6, report.reference_bus_gbps);
   }
   lines.push_back(throughput);
+  if (!report.ranks.empty() && report.ranks.front().peak_memory_bytes > 0) {
+    const auto [low, high] = std::minmax_element(report.ranks.begin(), report.ranks.end(),
+                                                 [](const RankSummary& a, const RankSummary& b) {
+                                                   return a.peak_memory_bytes < b.peak_memory_bytes;
+                                                 });
+    const auto& m = report.memory;
+    const int64_t rest = high->peak_memory_bytes - m.parameters - m.gradients - m.optimizer_state;
+    lines.push_back("  memory per rank: peak " + bytes_text(high->peak_memory_bytes) + " (rank " +
+                    std::to_string(high->rank) + ", lowest " + bytes_text(low->peak_memory_bytes) +
+                    "; " + m.source + ") = parameters " + bytes_text(m.parameters) +
+                    " + gradient buckets " + bytes_text(m.gradients) + " + optimizer state " +
+                    bytes_text(m.optimizer_state) + " + activations and the rest " +
+                    bytes_text(rest));
+  }
   for (const auto& diagnosis : report.diagnoses)
     lines.push_back("  diagnosis: " + diagnosis.message);
   return lines;
@@ -281,6 +302,7 @@ nlohmann::json epoch_report_json(const EpochReport& report) {
                      {"samples_per_second", rank.samples_per_second},
                      {"eval_seconds", rank.eval_seconds},
                      {"allreduce_seconds", rank.allreduce_seconds},
+                     {"peak_memory_bytes", rank.peak_memory_bytes},
                      {"phases", rank_phases}});
   }
   nlohmann::json diagnoses = nlohmann::json::array();
@@ -303,6 +325,11 @@ nlohmann::json epoch_report_json(const EpochReport& report) {
           {"reference_bus_gbps", report.reference_bus_gbps},
           {"reference_bytes", report.reference_bytes},
           {"diagnosis", diagnoses},
+          {"memory",
+           {{"source", report.memory.source},
+            {"parameters_bytes", report.memory.parameters},
+            {"gradients_bytes", report.memory.gradients},
+            {"optimizer_state_bytes", report.memory.optimizer_state}}},
           {"thresholds",
            {{"communication_bound_share", kCommBoundShare},
             {"data_bound_share", kDataBoundShare},

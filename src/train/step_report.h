@@ -50,6 +50,7 @@ struct RankSummary {
   // (0: unknown). It includes waiting for late ranks, so the report takes
   // the smallest over ranks: the last rank to arrive sees the transfer alone.
   double allreduce_seconds = 0.0;
+  int64_t peak_memory_bytes = 0;  // this rank's peak (runtime::memory_peak_and_reset); 0: unknown
 };
 
 RankSummary rank_summary_build(int rank, const std::vector<StepTimes>& steps,
@@ -60,6 +61,16 @@ struct Diagnosis {
   std::string rule;     // communication-bound, data-bound, straggler, eval-imbalance, small-batch
   std::string message;  // one line with the numbers and the remedy
   nlohmann::json numbers;
+};
+
+// Where a rank's memory goes: the parts known exactly (the same on every
+// rank) and what the peak was measured on; the rest of the peak is
+// activations (and on the CPU also buffers and libraries).
+struct MemoryParts {
+  std::string source;           // runtime::MemoryPeak::source
+  int64_t parameters = 0;       // bytes of the model's parameters
+  int64_t gradients = 0;        // bytes of the gradient buckets (they hold the gradients)
+  int64_t optimizer_state = 0;  // bytes of AdamW's moments
 };
 
 struct EpochReport {
@@ -78,6 +89,7 @@ struct EpochReport {
   double reference_bus_gbps = 0.0;          // the start-up probe at the bucket size
   int64_t reference_bytes = 0;
   std::vector<Diagnosis> diagnoses;
+  MemoryParts memory;  // with every rank's peak_memory_bytes: the memory line
 };
 
 // Collective: every rank passes its summary; rank 0 gets every rank's (in

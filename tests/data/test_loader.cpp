@@ -207,6 +207,35 @@ TEST(Loader, PinnedBatchesAreLockedAndUnchanged) {
   EXPECT_GT(batches, 0);
 }
 
+// trim_text_padding: the batch's text is cut after the last real token of
+// any row, the real tokens unchanged, and the loader's batches are the
+// untrimmed ones' first columns.
+TEST(Loader, TrimmedTextKeepsEveryRealToken) {
+  vqa::data::Batch batch;
+  batch.attention_mask = torch::tensor({1, 1, 0, 0, 0, 1, 1, 1, 0, 0}, torch::kInt64).view({2, 5});
+  batch.token_ids = torch::arange(10, torch::kInt64).view({2, 5});
+  vqa::data::batch_trim_text_padding(batch);
+  EXPECT_TRUE(torch::equal(batch.token_ids, torch::tensor({0, 1, 2, 5, 6, 7}).view({2, 3})));
+  EXPECT_TRUE(torch::equal(batch.attention_mask, torch::tensor({1, 1, 0, 1, 1, 1}).view({2, 3})));
+
+  auto trim_options = options_for(8, false, 1);
+  trim_options.trim_text_padding = true;
+  ShardedLoader trimmed(synth_path(), "train", trim_options);
+  ShardedLoader full(synth_path(), "train", options_for(8, false, 1));
+  trimmed.start_epoch(0);
+  full.start_epoch(0);
+  vqa::data::Batch a, b;
+  while (trimmed.next(a)) {
+    ASSERT_TRUE(full.next(b));
+    const int64_t width = a.token_ids.size(1);
+    ASSERT_LE(width, b.token_ids.size(1));
+    EXPECT_TRUE(torch::equal(a.token_ids, b.token_ids.narrow(1, 0, width)));
+    EXPECT_EQ(
+        b.attention_mask.narrow(1, width, b.attention_mask.size(1) - width).sum().item<int64_t>(),
+        0);
+  }
+}
+
 TEST(Loader, IdentityIsEqualOnEveryRank) {
   ShardedLoader loader(synth_path(), "test", options_for(4, false, 1));
   const auto all = vqa::runtime::distributed_gather_strings(loader.info().identity);

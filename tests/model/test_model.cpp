@@ -254,6 +254,69 @@ TEST(Attention, FusedEqualsExplicitWithPaddedKeys) {
   }
 }
 
+// The packed projections (one GEMM for q, k, v; one for k, v across) give
+// the separate projections' outputs and gradients within 1e-5, with padded
+// keys, and the model's parameter names do not change.
+TEST(Attention, PackedProjectionsEqualSeparateOnes) {
+  torch::manual_seed(5);
+  MultiHeadAttention attention(/*hidden=*/32, /*heads=*/4, /*dropout=*/0.0);
+  attention->set_fused_attention(false);  // the same attention kernel for both
+  const auto queries = torch::randn({3, 5, 32});
+  const auto keys = torch::randn({3, 7, 32});
+  auto mask = torch::ones({3, 7}, torch::kLong);
+  mask[0].slice(0, 4).fill_(0);
+  const auto bias = attention_key_bias(mask, torch::kFloat32);
+  std::vector<std::string> names_before;
+  for (const auto& item : attention->named_parameters()) names_before.push_back(item.key());
+  for (const auto& [name, kv, key_bias] :
+       {std::make_tuple("cross, padded", keys, bias),
+        std::make_tuple("self, no mask", queries, torch::Tensor())}) {
+    SCOPED_TRACE(name);
+    std::vector<torch::Tensor> outputs, gradients;
+    for (const bool packed : {true, false}) {
+      attention->set_packed_projections(packed);
+      attention->zero_grad();
+      const auto out = attention(queries, kv, key_bias);
+      (out * out).sum().backward();
+      outputs.push_back(out.detach());
+      std::vector<torch::Tensor> grads;
+      for (const auto& parameter : attention->parameters())
+        grads.push_back(parameter.grad().flatten());
+      gradients.push_back(torch::cat(grads));
+    }
+    EXPECT_TRUE(torch::allclose(outputs[0], outputs[1], /*rtol=*/1e-5, /*atol=*/1e-5));
+    EXPECT_TRUE(torch::allclose(gradients[0], gradients[1], /*rtol=*/1e-5, /*atol=*/1e-5));
+    std::cout << name << ": largest difference, outputs "
+              << (outputs[0] - outputs[1]).abs().max().item<float>() << ", gradients "
+              << (gradients[0] - gradients[1]).abs().max().item<float>() << "\n";
+  }
+  std::vector<std::string> names_after;
+  for (const auto& item : attention->named_parameters()) names_after.push_back(item.key());
+  EXPECT_EQ(names_before, names_after);
+}
+
+// The loader cuts the text to the batch's longest question
+// (LoaderOptions::trim_text_padding): the logits of the cut batch equal the
+// padded batch's within 1e-5 (float rounding: shorter reductions), for plain
+// and RoBERTa positions.
+TEST(M3AE, TrimmedPaddingGivesTheSameLogits) {
+  for (const bool roberta : {false, true}) {
+    SCOPED_TRACE(roberta ? "roberta positions" : "plain positions");
+    torch::manual_seed(6);
+    ModelConfig config = model_config_preset("tiny");
+    config.roberta_positions = roberta;
+    config.text_token_type = roberta;
+    M3AE model(config);
+    torch::NoGradGuard no_grad;
+    Batch b = random_batch(config, /*batch=*/4, /*text_length=*/20, {5, 3, 7, 1});
+    const auto padded = model->forward(b.images, b.token_ids, b.attention_mask);
+    const auto trimmed = model->forward(b.images, b.token_ids.narrow(1, 0, 7).contiguous(),
+                                        b.attention_mask.narrow(1, 0, 7).contiguous());
+    EXPECT_TRUE(torch::allclose(padded, trimmed, /*rtol=*/1e-5, /*atol=*/1e-5))
+        << (padded - trimmed).abs().max().item<float>();
+  }
+}
+
 TEST(M3AE, PaddedTokenIdsDoNotChangeLogits) {
   torch::manual_seed(1);
   const ModelConfig config = model_config_preset("tiny");

@@ -8,7 +8,9 @@
 #     1 at 1 rank (S_1 / (1 x S_1)),
 #   - the PNG is a PNG;
 # then with the DDP model made different on purpose (DDP_FLAGS=--hidden 32)
-# the script must stop with "PARAMETER COUNTS DIFFER" before any DDP timing.
+# the script must stop with "PARAMETER COUNTS DIFFER" before any DDP timing;
+# then the second setting (MAX_LEN=32, DDP_ATTENTION=torch) runs, and the
+# nn.MultiheadAttention model equals the explicit one (1e-5, same weights).
 #
 #   tests/train/test_bench_scaling.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
@@ -63,8 +65,61 @@ if grep -q '^pytorch-ddp,' "$work/mismatch/runs.csv" 2>/dev/null; then
   fail "a DDP run was timed despite the mismatch"
 fi
 
+# ---- 3. the second setting: questions padded to 32, nn.MultiheadAttention --
+if ! env "${settings[@]}" RANKS="1 2" MAX_LEN=32 DDP_ATTENTION=torch OUT_DIR="$work/padded" \
+  bash "$source_dir/jobs/bench_scaling.sh" "$build_dir" >"$work/padded.log" 2>&1; then
+  cat "$work/padded.log" >&2
+  fail "jobs/bench_scaling.sh MAX_LEN=32 DDP_ATTENTION=torch exited non-zero"
+else
+  grep -q '^parameter counts agree: ' "$work/padded.log" || fail "MAX_LEN=32: no 'parameter counts agree' line"
+  grep -q 'questions padded to 32 tokens' "$work/padded/scaling.txt" || fail "MAX_LEN=32 not in the report's header"
+  grep -q 'attention torch' "$work/padded/scaling.txt" || fail "DDP_ATTENTION=torch not in the report's header"
+  grep -q '^vqa-hpc,2,' "$work/padded/scaling.csv" || fail "MAX_LEN=32: no vqa-hpc row at 2 ranks"
+fi
+# The nn.MultiheadAttention model computes what the explicit one does, given
+# the same weights (1e-5, float32), with padded keys: the comparison is of
+# two implementations of one model.
+python=""
+for candidate in python3 /usr/bin/python3; do
+  if command -v "$candidate" >/dev/null && "$candidate" -c 'import torch' 2>/dev/null; then
+    python=$candidate
+    break
+  fi
+done
+if [[ -z $python ]]; then
+  fail "no python3 that can import torch"
+elif ! "$python" - "$source_dir/jobs" <<'EOF' >"$work/attention.log" 2>&1; then
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+import ddp_reference as ref
+torch.manual_seed(3)
+explicit = ref.MultiHeadAttention(32, 4, 0.0)
+packed = ref.TorchAttention(32, 4, 0.0)
+with torch.no_grad():
+    inner = packed.attention
+    inner.in_proj_weight.copy_(torch.cat([explicit.query.weight, explicit.key.weight, explicit.value.weight]))
+    inner.in_proj_bias.copy_(torch.cat([explicit.query.bias, torch.zeros(32), explicit.value.bias]))
+    inner.out_proj.weight.copy_(explicit.output.weight)
+    inner.out_proj.bias.copy_(explicit.output.bias)
+queries, keys = torch.randn(3, 5, 32), torch.randn(3, 7, 32)
+mask = torch.ones(3, 7, dtype=torch.int64)
+mask[0, 4:] = 0
+mask[2, 1:] = 0
+bias = ref.attention_key_bias(mask, torch.float32)
+worst = 0.0
+for kv, key_bias in ((keys, bias), (queries, None)):
+    difference = (explicit(queries, kv, key_bias) - packed(queries, kv, key_bias)).abs().max().item()
+    worst = max(worst, difference)
+print("largest difference", worst)
+sys.exit(0 if worst <= 1e-5 else 1)
+EOF
+  cat "$work/attention.log" >&2
+  fail "jobs/ddp_reference.py: nn.MultiheadAttention differs from the explicit attention by more than 1e-5"
+fi
+
 if ((failures)); then
   echo "FAIL: $failures check(s) failed" >&2
   exit 1
 fi
-echo "PASS: scaling report at 1-3 ranks with the DDP reference; a model mismatch stops it"
+echo "PASS: scaling report at 1-3 ranks with the DDP reference; a model mismatch stops it; questions padded to 32 with nn.MultiheadAttention; $(cat "$work/attention.log")"

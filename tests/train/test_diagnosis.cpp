@@ -112,6 +112,18 @@ TEST_F(Diagnosis, TimelineHoldsEveryRanksStepsPhasesAndAllreduces) {
   EXPECT_EQ(record["per_rank"].size(), 2u);
   EXPECT_GT(record["allreduce_bytes_per_step"].get<int64_t>(), 0);
   EXPECT_TRUE(fs::exists(out + "/diagnosis.json"));
+  // Every rank's peak memory, gathered (resident set on the CPU: at least
+  // the parameters, their gradients and AdamW's two moments, all counted).
+  const auto& memory = record["memory"];
+  const int64_t parameters = memory["parameters_bytes"].get<int64_t>();
+  EXPECT_GT(parameters, 0);
+  EXPECT_EQ(memory["gradients_bytes"].get<int64_t>(), parameters);  // float32 buckets, no bf16
+  EXPECT_EQ(memory["optimizer_state_bytes"].get<int64_t>(), 2 * parameters);
+  EXPECT_EQ(memory["source"], "resident set (VmHWM)");
+  for (const auto& rank : record["per_rank"]) {
+    EXPECT_GT(rank["peak_memory_bytes"].get<int64_t>(), 4 * parameters) << rank.dump();
+  }
+  EXPECT_NE(output_.find("  memory per rank: peak "), std::string::npos) << output_;
 }
 
 TEST_F(Diagnosis, RankSlowedOnPurposeIsNamedAsTheStraggler) {

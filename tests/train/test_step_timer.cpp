@@ -2,6 +2,7 @@
 // its cost per step, and each diagnosis rule on hand-made rank summaries.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -141,6 +142,38 @@ TEST(Diagnose, BusBandwidthUsesTheFastestRanksAllreduceTime) {
   const auto report = vqa::train::epoch_report_build(0, false, {late, last}, 4000000, 4.0, 4000000);
   // 4 MB in 1 ms on 2 ranks: busbw = 4e6 / 1e-3 x 2(2-1)/2 = 4 GB/s.
   EXPECT_NEAR(report.bus_gbps, 4.0, 1e-9);
+}
+
+TEST(Diagnose, MemoryLineNamesThePeakRankAndTheParts) {
+  auto small = rank(0, 0.100, 0.005, 0.001, 0.090);
+  small.peak_memory_bytes = 300ll << 20;  // 300 MiB
+  auto big = rank(1, 0.100, 0.005, 0.001, 0.090);
+  big.peak_memory_bytes = 3ll << 30;  // 3 GiB
+  auto report = vqa::train::epoch_report_build(0, false, {small, big}, 1000000, 4.0, 1000000);
+  report.memory = {"resident set (VmHWM)", 1ll << 30, 1ll << 29, 1ll << 30};
+  const auto lines = vqa::train::epoch_report_lines(report);
+  const std::string expected =
+      "  memory per rank: peak 3.00 GiB (rank 1, lowest 300.0 MiB; resident set (VmHWM)) = "
+      "parameters 1.00 GiB + gradient buckets 512.0 MiB + optimizer state 1.00 GiB + activations "
+      "and the rest 512.0 MiB";
+  EXPECT_NE(std::find(lines.begin(), lines.end(), expected), lines.end())
+      << "lines:\n"
+      << [&] {
+           std::string all;
+           for (const auto& line : lines) all += line + "\n";
+           return all;
+         }();
+  const auto json = vqa::train::epoch_report_json(report);
+  EXPECT_EQ(json["memory"]["parameters_bytes"].get<int64_t>(), 1ll << 30);
+  EXPECT_EQ(json["memory"]["gradients_bytes"].get<int64_t>(), 1ll << 29);
+  EXPECT_EQ(json["memory"]["optimizer_state_bytes"].get<int64_t>(), 1ll << 30);
+  EXPECT_EQ(json["per_rank"][1]["peak_memory_bytes"].get<int64_t>(), 3ll << 30);
+
+  // Unknown peaks (0) print no line.
+  report.ranks[0].peak_memory_bytes = report.ranks[1].peak_memory_bytes = 0;
+  for (const auto& line : vqa::train::epoch_report_lines(report)) {
+    EXPECT_EQ(line.find("memory per rank"), std::string::npos) << line;
+  }
 }
 
 }  // namespace
