@@ -19,13 +19,7 @@ set -euo pipefail
 source "$(dirname "$0")/../support/script_test.sh"
 script_test_begin m3ae-parity "$1" "$2"
 
-python=""
-for candidate in python3 /usr/bin/python3; do
-  if command -v "$candidate" >/dev/null && "$candidate" -c 'import torch, h5py' 2>/dev/null; then
-    python=$candidate
-    break
-  fi
-done
+python=$(torch_python 'import torch, h5py')
 [[ -n $python ]] || { echo "FAIL: no python3 that imports torch and h5py (bash env/setup.sh)" >&2; exit 1; }
 reference=$source_dir/tests/model/m3ae_reference.py
 convert=$source_dir/data_prep/m3ae_to_safetensors.py

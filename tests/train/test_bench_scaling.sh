@@ -79,13 +79,7 @@ fi
 # The nn.MultiheadAttention model computes what the explicit one does, given
 # the same weights (1e-5, float32), with padded keys: the comparison is of
 # two implementations of one model.
-python=""
-for candidate in python3 /usr/bin/python3; do
-  if command -v "$candidate" >/dev/null && "$candidate" -c 'import torch' 2>/dev/null; then
-    python=$candidate
-    break
-  fi
-done
+python=$(torch_python 'import torch')
 if [[ -z $python ]]; then
   fail "no python3 that can import torch"
 elif ! "$python" - "$source_dir/jobs" <<'EOF' >"$work/attention.log" 2>&1; then
