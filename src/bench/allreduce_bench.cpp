@@ -32,6 +32,7 @@ struct BenchConfig {
   std::string dtype = "float";
   std::string op = "sum";
   std::string backend = "auto";
+  std::string mpi_allreduce = "ring";
   std::string device = "cpu";
   bool check = true;
   bool compare_raw = true;
@@ -124,6 +125,9 @@ int main(int argc, char** argv) {
       .add("datatype,d", &config.dtype, "element type: float (float32) or bf16 (bfloat16)")
       .add("op,o", &config.op, "reduction: sum or avg (sum, then divide by the number of ranks)")
       .add("backend", &config.backend, "communicator: auto (from --device), mpi or nccl")
+      .add("mpi-allreduce", &config.mpi_allreduce,
+           "the MPI backend's algorithm for buffers of 64 KiB and more: ring (the project's "
+           "pipelined ring) or library (MPI_Allreduce)")
       .add("device", &config.device, "where the buffer lives: cpu or cuda (GPU local_rank)")
       .add("check,c", &config.check,
            "verify every size's result (true) or not (false); wrong elements make the exit "
@@ -161,29 +165,36 @@ int main(int argc, char** argv) {
   const torch::Device device(config.device == "cuda" ? torch::kCUDA : torch::kCPU,
                              config.device == "cuda" ? info.local_rank : -1);
   vqa::runtime::Backend backend = vqa::runtime::Backend::kAuto;
+  vqa::runtime::MpiAllreduce mpi_allreduce = vqa::runtime::MpiAllreduce::kRing;
   try {
     backend = vqa::runtime::backend_from_string(config.backend);
+    mpi_allreduce = vqa::runtime::mpi_allreduce_from_string(config.mpi_allreduce);
   } catch (const std::exception& e) {
     vqa::runtime::fatal_user_error(e.what());
   }
   torch::set_num_threads(1);
-  auto comm = vqa::runtime::communicator_create(backend, device);
+  auto comm = vqa::runtime::communicator_create(backend, device, mpi_allreduce);
   const auto dtype = config.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   const ReduceOp op = config.op == "avg" ? ReduceOp::kAverage : ReduceOp::kSum;
   const bool raw = config.compare_raw && comm->backend() == vqa::runtime::Backend::kMpi &&
                    dtype == torch::kFloat32 && op == ReduceOp::kSum;
   const int n = info.world_size;
+  // The MPI ring picks its segment size for this fabric, as vqa_train does at start-up.
+  const std::string tuning = comm->tune_allreduce(max_bytes);
 
   if (info.rank == 0) {
     std::printf(
-        "# vqa_allreduce_bench: %d ranks, backend %s, device %s, %d warm-up + %d x %d "
-        "timed iterations per size (median round)\n",
-        n, vqa::runtime::backend_name(comm->backend()), device.str().c_str(), config.warmup_iters,
+        "# vqa_allreduce_bench: %d ranks, backend %s (%s allreduce), device %s, %d warm-up + %d "
+        "x %d timed iterations per size (median round)\n",
+        n, vqa::runtime::backend_name(comm->backend()),
+        comm->backend() == vqa::runtime::Backend::kMpi ? config.mpi_allreduce.c_str() : "nccl",
+        device.str().c_str(), config.warmup_iters,
         config.rounds, config.iters);
     std::printf(
         "# time = blocking allreduce; async = allreduce_async + wait (progress thread);\n"
         "# busbw = algbw * 2(n-1)/n; raw = MPI_Allreduce on the same buffer; "
         "ratio = time / raw\n");
+    if (!tuning.empty()) std::printf("# %s\n", tuning.c_str());
     std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s\n", "size(B)", "count", "type",
                 "redop", "time(us)", "algbw", "busbw", "#wrong", "async(us)", "raw(us)", "ratio");
     std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s\n", "", "(elements)", "", "", "",

@@ -47,10 +47,22 @@ int cuda_device_count() {
 #endif
 }
 
-std::unique_ptr<Communicator> communicator_create(Backend requested, const torch::Device& device) {
+MpiAllreduce mpi_allreduce_from_string(const std::string& name) {
+  if (name == "ring") return MpiAllreduce::kRing;
+  if (name == "library") return MpiAllreduce::kLibrary;
+  throw std::invalid_argument("unknown MPI allreduce algorithm '" + name +
+                              "' (expected ring or library)");
+}
+
+const char* mpi_allreduce_name(MpiAllreduce algorithm) {
+  return algorithm == MpiAllreduce::kRing ? "ring" : "library";
+}
+
+std::unique_ptr<Communicator> communicator_create(Backend requested, const torch::Device& device,
+                                                  MpiAllreduce mpi_allreduce) {
   const RankInfo& info = distributed_rank_info();
   const Backend backend = requested == Backend::kAuto ? backend_for_device(device) : requested;
-  if (backend == Backend::kMpi) return mpi_communicator_create(info);
+  if (backend == Backend::kMpi) return mpi_communicator_create(info, mpi_allreduce);
 #ifdef VQA_HAVE_NCCL
   return nccl_communicator_create(info);
 #else

@@ -18,10 +18,18 @@ namespace vqa::runtime {
 enum class ReduceOp { kSum, kAverage };
 enum class ScalarOp { kSum, kMax, kMin };
 enum class Backend { kAuto, kMpi, kNccl };
+// How the MPI backend averages large gradient buffers: its own pipelined ring
+// over point-to-point messages (ring_allreduce.h says why), or the MPI
+// library's MPI_Allreduce (for an MPI whose allreduce is tuned to the site's
+// fabric). Buffers under 64 KiB always use the library's.
+enum class MpiAllreduce { kRing, kLibrary };
 
 // "auto" | "mpi" | "nccl"; throws std::invalid_argument on anything else.
 Backend backend_from_string(const std::string& name);
 const char* backend_name(Backend backend);
+// "ring" | "library"; throws std::invalid_argument on anything else.
+MpiAllreduce mpi_allreduce_from_string(const std::string& name);
+const char* mpi_allreduce_name(MpiAllreduce algorithm);
 
 // The backend that serves tensors on `device`: NCCL for CUDA, MPI for CPU.
 Backend backend_for_device(const torch::Device& device);
@@ -71,6 +79,12 @@ class Communicator {
     allreduce_async(buffer, op)->wait();
   }
 
+  // Collective: lets the backend measure its choices for allreduces of about
+  // `bytes` on this fabric and keep the fastest (the MPI ring's segment
+  // size); returns one line for the log saying what it chose and why ("" when
+  // there was nothing to choose). Call before training, on every rank.
+  virtual std::string tune_allreduce(int64_t bytes) { return ""; }
+
   // Root's values replace every other rank's, in place; blocks until done.
   virtual void broadcast(const torch::Tensor& buffer, int root) = 0;
   // Returns once every rank has called it and all collectives launched
@@ -108,6 +122,8 @@ class Communicator {
 // Creates the communicator for `requested` (kAuto: from the device). Every
 // rank must call it at the same point; the NCCL backend shares rank 0's
 // unique id with MPI_Bcast and binds this rank to GPU local_rank.
-std::unique_ptr<Communicator> communicator_create(Backend requested, const torch::Device& device);
+std::unique_ptr<Communicator> communicator_create(
+    Backend requested, const torch::Device& device,
+    MpiAllreduce mpi_allreduce = MpiAllreduce::kRing);
 
 }  // namespace vqa::runtime

@@ -7,7 +7,9 @@
 
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -16,7 +18,9 @@
 #include "runtime/communicator.h"       // Communicator, Work
 #include "runtime/communicator_impl.h"  // mpi_communicator_create
 #include "runtime/mpi_collectives.h"    // mpi_allreduce_scalar, mpi_allgather_strings
-#include "runtime/watchdog_impl.h"      // CollectiveTracker, collective_call_failed
+#include "runtime/mpi_tracked_check.h"  // VQA_CHECK_MPI_IN
+#include "runtime/ring_allreduce.h"     // ring_allreduce_sum
+#include "runtime/watchdog_impl.h"      // CollectiveTracker
 #include "util/clock.h"                 // steady_seconds
 
 namespace vqa::runtime {
@@ -31,19 +35,12 @@ void bf16_sum(void* in, void* inout, int* count, MPI_Datatype* /*type*/) {
   for (int i = 0; i < *count; ++i) b[i] = c10::BFloat16(float(a[i]) + float(b[i]));
 }
 
-// An MPI call inside a tracked collective: a failure names the collective,
-// the training position and any rank on this host whose process has ended.
-#define VQA_CHECK_MPI_IN(tracker, call)                                                      \
-  do {                                                                                       \
-    const int vqa_mpi_rc_ = (call);                                                          \
-    if (vqa_mpi_rc_ != 0) {                                                                  \
-      ::vqa::runtime::collective_call_failed((tracker), "MPI", #call, __FILE__, __LINE__,    \
-                                             ::vqa::runtime::mpi_error_string(vqa_mpi_rc_)); \
-    }                                                                                        \
-  } while (0)
-
 // MPI counts are int; larger buffers go in pieces of this many elements.
 constexpr int64_t kMaxElementsPerCall = int64_t{1} << 30;
+
+// Below this the library's allreduce (latency-optimal algorithms) is faster
+// than a ring of 2(n-1) messages.
+constexpr int64_t kRingMinBytes = int64_t{64} << 10;
 
 class MpiWork final : public Work {
  public:
@@ -77,7 +74,8 @@ struct PendingAllreduce {
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(const RankInfo& info) : Communicator(info) {
+  MpiCommunicator(const RankInfo& info, MpiAllreduce algorithm)
+      : Communicator(info), algorithm_(algorithm) {
     VQA_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
     VQA_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     VQA_CHECK_MPI(MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_op_));
@@ -117,6 +115,44 @@ class MpiCommunicator final : public Communicator {
     drain();
     PendingAllreduce pending{buffer, op, nullptr};
     run_allreduce(pending);
+  }
+
+  std::string tune_allreduce(int64_t bytes) override {
+    if (algorithm_ != MpiAllreduce::kRing || info_.world_size < 2 || bytes < kRingMinBytes) {
+      return "";
+    }
+    drain();
+    auto buffer = torch::zeros({bytes / 4}, torch::kFloat32);
+    char size[32];
+    std::snprintf(size, sizeof(size), "%.1f MB", static_cast<double>(buffer.nbytes()) / 1e6);
+    std::string text = std::string("ring allreduce segments at ") + size + ":";
+    double best_seconds = 0.0;
+    int64_t best_segment = kRingSegmentLarge;
+    for (const int64_t candidate : {kRingSegmentLarge, kRingSegmentEager}) {
+      segment_bytes_ = candidate;
+      std::vector<double> seconds;
+      for (int i = 0; i < 4; ++i) {  // the first is a warm-up
+        barrier();
+        const double start = util::steady_seconds();
+        allreduce(buffer, ReduceOp::kSum);
+        if (i > 0) seconds.push_back(util::steady_seconds() - start);
+      }
+      std::sort(seconds.begin(), seconds.end());
+      // Every rank decides on the slowest rank's median, so all choose alike.
+      const double median = allreduce_scalar(seconds[seconds.size() / 2], ScalarOp::kMax);
+      char line[96];
+      std::snprintf(line, sizeof(line), " %lld KiB %.3f GB/s bus bandwidth;",
+                    static_cast<long long>(candidate >> 10),
+                    static_cast<double>(buffer.nbytes()) / median * 2.0 *
+                        (info_.world_size - 1) / info_.world_size / 1e9);
+      text += line;
+      if (best_seconds == 0.0 || median < best_seconds) {
+        best_seconds = median;
+        best_segment = candidate;
+      }
+    }
+    segment_bytes_ = best_segment;
+    return text + " using " + std::to_string(segment_bytes_ >> 10) + " KiB";
   }
 
   void broadcast(const torch::Tensor& buffer, int root) override {
@@ -196,17 +232,23 @@ class MpiCommunicator final : public Communicator {
   void run_allreduce(PendingAllreduce& pending) {
     torch::Tensor& buffer = pending.buffer;
     const bool is_bf16 = buffer.scalar_type() == torch::kBFloat16;
-    const MPI_Datatype type = is_bf16 ? MPI_UINT16_T : MPI_FLOAT;
-    const MPI_Op op = is_bf16 ? bf16_sum_op_ : MPI_SUM;
     char* data = static_cast<char*>(buffer.data_ptr());
     const int64_t element_size = buffer.element_size();
+    const int64_t bytes = buffer.numel() * element_size;
     const double began = util::steady_seconds();
-    const int64_t sequence =
-        tracker_->begin(CollectiveKind::kAllreduce, buffer.numel() * element_size);
-    for (int64_t offset = 0; offset < buffer.numel(); offset += kMaxElementsPerCall) {
-      const int count = static_cast<int>(std::min(kMaxElementsPerCall, buffer.numel() - offset));
-      VQA_CHECK_MPI_IN(*tracker_, MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size, count,
-                                                type, op, comm_));
+    const int64_t sequence = tracker_->begin(CollectiveKind::kAllreduce, bytes);
+    if (algorithm_ == MpiAllreduce::kRing && bytes >= kRingMinBytes) {
+      ring_allreduce_sum(data, buffer.numel(),
+                         is_bf16 ? RingElement::kBFloat16 : RingElement::kFloat32, segment_bytes_,
+                         comm_, ring_scratch_, *tracker_);
+    } else {
+      const MPI_Datatype type = is_bf16 ? MPI_UINT16_T : MPI_FLOAT;
+      const MPI_Op op = is_bf16 ? bf16_sum_op_ : MPI_SUM;
+      for (int64_t offset = 0; offset < buffer.numel(); offset += kMaxElementsPerCall) {
+        const int count = static_cast<int>(std::min(kMaxElementsPerCall, buffer.numel() - offset));
+        VQA_CHECK_MPI_IN(*tracker_, MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size,
+                                                  count, type, op, comm_));
+      }
     }
     tracker_->end(sequence);
     if (pending.op == ReduceOp::kAverage && info_.world_size > 1) {
@@ -216,6 +258,9 @@ class MpiCommunicator final : public Communicator {
       pending.work->set_times(began, util::steady_seconds());  // null: blocking call
   }
 
+  MpiAllreduce algorithm_;
+  int64_t segment_bytes_ = kRingSegmentLarge;  // tune_allreduce may change it
+  std::vector<char> ring_scratch_;  // the ring's receive buffer, reused (progress thread or drained caller)
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Op bf16_sum_op_ = MPI_OP_NULL;
   std::unique_ptr<CollectiveTracker> tracker_;
@@ -230,8 +275,9 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> mpi_communicator_create(const RankInfo& info) {
-  return std::make_unique<MpiCommunicator>(info);
+std::unique_ptr<Communicator> mpi_communicator_create(const RankInfo& info,
+                                                     MpiAllreduce algorithm) {
+  return std::make_unique<MpiCommunicator>(info, algorithm);
 }
 
 }  // namespace vqa::runtime

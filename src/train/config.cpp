@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <sstream>
 
-#include "runtime/check.h"  // fatal_user_error
-#include "util/options.h"   // OptionTable, option_text
+#include "runtime/check.h"       // fatal_user_error
+#include "train/projection.h"    // fabric_from_text
+#include "util/options.h"        // OptionTable, option_text
 
 namespace vqa::train {
 
@@ -52,6 +53,9 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
       .add("seed", &c.seed, "seed for initialisation, shuffling and dropout")
       .add("device", &c.device, "auto | cpu | cuda (GPU = local rank)")
       .add("backend", &c.backend, "gradient communicator: auto (from --device) | mpi | nccl")
+      .add("mpi-allreduce", &c.mpi_allreduce,
+           "how the MPI backend averages gradient buckets: ring (pipelined ring over "
+           "point-to-point messages, full duplex) | library (the MPI library's MPI_Allreduce)")
       .add("threads", &c.threads, "CPU threads per rank (0: host cores / ranks on the host)")
       .add("bucket-mb", &c.bucket_mb, "gradient bucket size in MiB for the overlapped allreduce")
       .add("bf16-allreduce", &c.bf16_allreduce, "send gradients as bfloat16 (half the bytes)")
@@ -79,6 +83,11 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "time each step's phases on every rank; epoch summary and diagnosis on rank 0")
       .add("timeline", &c.timeline,
            "write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) to this file")
+      .add("project-fabric", &c.project_fabric,
+           "the fabric of the projection to 1..1024 ranks printed at the end and saved in "
+           "diagnosis.json: auto (this run's measured allreduce bus bandwidth and latency; 10gbe "
+           "on 1 CPU rank, ib-ndr on 1 GPU rank), a preset (nvlink-h100, ib-ndr, ib-hdr, 100gbe, "
+           "25gbe, 10gbe, 1gbe, pcie-no-p2p) or BUSGBPS:LATENCYUS (e.g. 12.5:5)")
       .add("timeline-first-step", &c.timeline_first_step, "first optimiser step in the timeline")
       .add("timeline-steps", &c.timeline_steps, "optimiser steps in the timeline")
       .add("nonfinite", &c.nonfinite,
@@ -146,6 +155,9 @@ void config_finalize(TrainConfig& c, int world_size) {
   }
   if (c.bucket_mb <= 0)
     fatal_user_error("--bucket-mb must be > 0, got " + option_text(c.bucket_mb));
+  if (c.mpi_allreduce != "ring" && c.mpi_allreduce != "library") {
+    fatal_user_error("--mpi-allreduce must be ring or library, got '" + c.mpi_allreduce + "'");
+  }
   if (c.prefetch_depth < 1) {
     fatal_user_error("--prefetch-depth must be >= 1, got " + std::to_string(c.prefetch_depth));
   }
@@ -155,6 +167,11 @@ void config_finalize(TrainConfig& c, int world_size) {
   if (c.timeline_steps < 1 || c.timeline_steps > 1000) {
     fatal_user_error("--timeline-steps must be in [1, 1000] (the file grows with it), got " +
                      std::to_string(c.timeline_steps));
+  }
+  if (c.project_fabric != "auto" && !fabric_from_text(c.project_fabric)) {
+    fatal_user_error("--project-fabric must be auto, a preset (nvlink-h100, ib-ndr, ib-hdr, "
+                     "100gbe, 25gbe, 10gbe, 1gbe, pcie-no-p2p) or BUSGBPS:LATENCYUS with a positive "
+                     "bandwidth, got '" + c.project_fabric + "'");
   }
   if (c.timeline_first_step < 0) {
     fatal_user_error("--timeline-first-step must be >= 0, got " +

@@ -46,6 +46,7 @@ struct TrainConfig {
   // distributed
   std::string device = "auto";   // auto | cpu | cuda
   std::string backend = "auto";  // auto | mpi | nccl
+  std::string mpi_allreduce = "ring";  // ring | library (runtime::MpiAllreduce)
   int threads = 0;               // CPU threads per rank; 0: host cores / ranks on the host
   double bucket_mb = 25.0;
   bool bf16_allreduce = false;
@@ -62,6 +63,7 @@ struct TrainConfig {
   std::string progress = "auto";     // auto | on | off: the in-place progress bar on rank 0
   bool phase_timers = true;          // per-step phase timers, epoch summary and diagnosis
   std::string timeline;              // Chrome trace-event JSON file; "" none
+  std::string project_fabric = "auto";  // projection's fabric: auto | preset | GBPS:LATENCYUS
   int64_t timeline_first_step = 10;  // first global optimiser step in the timeline
   int64_t timeline_steps = 5;        // optimiser steps in the timeline
   std::string nonfinite = "stop";    // stop | skip | off: a non-finite loss or gradient

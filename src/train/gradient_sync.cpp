@@ -1,5 +1,7 @@
 #include "train/gradient_sync.h"
 
+#include <algorithm>
+
 #include "runtime/check.h"  // VQA_CHECK
 #include "util/clock.h"     // SteadyClock, steady_seconds, seconds_since
 
@@ -49,6 +51,7 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
     buckets_.push_back(std::move(bucket));
   }
   stats_.buckets = static_cast<int64_t>(buckets_.size());
+  stats_.ready_before_end_sums.assign(buckets_.size(), 0.0);
   for (int64_t i = 0; i < static_cast<int64_t>(parameters_.size()); ++i) {
     const Slot& slot = slots_[i];
     const auto& tensor = parameters_[i].tensor;
@@ -98,11 +101,11 @@ void GradientSynchronizer::on_gradient(int64_t index, const torch::Tensor& grad)
 }
 
 void GradientSynchronizer::launch_ready_buckets() {
-  if (options_.skip_allreduce) return;
   while (next_to_launch_ < static_cast<int64_t>(buckets_.size()) &&
          buckets_[next_to_launch_].pending == 0) {
     Bucket& bucket = buckets_[next_to_launch_++];
     bucket.launched = util::steady_seconds();
+    if (options_.skip_allreduce) continue;
     if (options_.bf16) {
       bucket.wire.copy_(bucket.flat);
       bucket.work = comm_.allreduce_async(bucket.wire, runtime::ReduceOp::kAverage);
@@ -115,6 +118,7 @@ void GradientSynchronizer::launch_ready_buckets() {
 void GradientSynchronizer::finish_backward() {
   if (!last_micro_ || !step_open_) return;
   torch::NoGradGuard no_grad;
+  const double backward_end = util::steady_seconds();
   // Parameters that got no gradient in this optimiser step contribute zeros,
   // so every rank still launches every bucket and nobody waits forever.
   for (auto& bucket : buckets_) {
@@ -132,6 +136,9 @@ void GradientSynchronizer::finish_backward() {
   }
   reported_unused_ = true;
   launch_ready_buckets();
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    stats_.ready_before_end_sums[k] += std::max(0.0, backward_end - buckets_[k].launched);
+  }
 
   if (!options_.skip_allreduce) {
     const auto start = util::SteadyClock::now();
@@ -150,8 +157,8 @@ void GradientSynchronizer::finish_backward() {
     for (auto& bucket : buckets_) {
       if (options_.bf16) bucket.flat.copy_(bucket.wire);
     }
-    ++stats_.synchronised_steps;
   }
+  ++stats_.synchronised_steps;
   for (int64_t i = 0; i < static_cast<int64_t>(parameters_.size()); ++i) {
     parameters_[i].tensor.mutable_grad() = slot_views_[i];
   }
@@ -196,7 +203,7 @@ int64_t GradientSynchronizer::memory_bytes() const {
 
 std::vector<int64_t> GradientSynchronizer::bucket_bytes() const {
   std::vector<int64_t> sizes;
-  for (const auto& bucket : buckets_) sizes.push_back(bucket.flat.numel() * 4);
+  for (const auto& bucket : buckets_) sizes.push_back(bucket.flat.numel() * (options_.bf16 ? 2 : 4));
   return sizes;
 }
 

@@ -42,6 +42,10 @@ struct GradientSyncStats {
   // (queueing excluded), over the steps it could tell (timed_steps).
   double allreduce_seconds = 0.0;
   int64_t timed_steps = 0;
+  // Per bucket (launch order): seconds from the bucket's launch (its last
+  // gradient's arrival) to the end of backward (finish_backward), summed over
+  // the synchronised steps; what the projection (projection.h) works from.
+  std::vector<double> ready_before_end_sums;
 };
 
 // One bucket's allreduce in the last synchronised step, in
@@ -85,7 +89,7 @@ class GradientSynchronizer {
   // handed over once: later calls return nothing.
   std::vector<std::string> take_unused_parameters() { return std::move(unused_names_); }
   const GradientSyncStats& stats() const { return stats_; }
-  // Bucket sizes in bytes, in launch order.
+  // Bucket sizes in bytes as sent (bfloat16 with options.bf16), in launch order.
   std::vector<int64_t> bucket_bytes() const;
   // Bytes the buckets hold: the float32 gradients and the bfloat16 copies sent.
   int64_t memory_bytes() const;

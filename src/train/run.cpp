@@ -45,6 +45,37 @@ void write_predictions(const std::string& path, const std::vector<std::string>& 
   util::write_file_atomically(path, text);
 }
 
+// Rank 0's buckets this epoch: sizes as sent, and how long before the end of
+// backward each was launched, averaged over the epoch's synchronised steps.
+std::vector<BucketProfile> bucket_profiles(const GradientSynchronizer& gradients,
+                                           const GradientSyncStats& before) {
+  const auto& now = gradients.stats();
+  const auto sizes = gradients.bucket_bytes();
+  const int64_t steps = now.synchronised_steps - before.synchronised_steps;
+  std::vector<BucketProfile> buckets;
+  if (steps <= 0) return buckets;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const double sum = now.ready_before_end_sums[k] -
+                       (k < before.ready_before_end_sums.size() ? before.ready_before_end_sums[k] : 0.0);
+    buckets.push_back({static_cast<double>(sizes[k]), sum / static_cast<double>(steps)});
+  }
+  return buckets;
+}
+
+// --project-fabric: a preset or given numbers, or ("auto") what this run
+// measured (its allreduces' bus bandwidth, the start-up latency probe); on
+// one rank, where nothing was measured, 10 GbE on CPU and NDR InfiniBand on GPU.
+Fabric projection_fabric(const TrainConfig& config, const EpochReport& report,
+                         const AllreduceProbe& probe) {
+  if (config.project_fabric != "auto") return *fabric_from_text(config.project_fabric);
+  const double bus = report.bus_gbps > 0 ? report.bus_gbps : probe.bus_gbps;
+  if (report.world_size > 1 && bus > 0) {
+    return {"measured", bus, probe.latency_seconds,
+            "this run's gradient allreduces and start-up latency probe"};
+  }
+  return *fabric_from_text(report.gpu ? "ib-ndr" : "10gbe");
+}
+
 // Why the ranks are (not) N times faster: every rank's phases of the epoch,
 // gathered to rank 0, which writes <out>/diagnosis.json. Fills the JSON
 // record and the log lines on rank 0. Collective.
@@ -59,15 +90,23 @@ void report_epoch_steps(TrainingParts& parts, int64_t epoch, const EpochStats& s
       timed > 0 ? (sync.allreduce_seconds - sync_before.allreduce_seconds) / timed : 0.0;
   RankSummary mine = rank_summary_build(parts.comm.rank(), stats.step_times,
                                         config.batch_per_rank * config.accumulation_steps,
-                                        eval_seconds, allreduce_seconds);
+                                        eval_seconds, allreduce_seconds,
+                                        parts.device.is_cuda() ? 0.0 : stats.compute_cpu_seconds);
   // This epoch's peak (training and its evaluation); the next epoch starts afresh.
   const runtime::MemoryPeak peak = runtime::memory_peak_and_reset(parts.device);
   mine.peak_memory_bytes = peak.bytes;
   const auto summaries = rank_summaries_gather(parts.comm, mine);
   if (parts.comm.rank() != 0) return;
-  auto report =
-      epoch_report_build(epoch, parts.device.is_cuda(), summaries,
-                         config.no_comm ? 0 : sync.bytes_per_step, probe.bus_gbps, probe.bytes);
+  RemedySettings settings;
+  settings.bf16_allreduce = config.bf16_allreduce;
+  settings.bucket_mb = config.bucket_mb;
+  settings.batch_per_rank = config.batch_per_rank;
+  settings.global_batch = config.global_batch;
+  settings.accumulation_steps = config.accumulation_steps;
+  settings.cpu_backend = !parts.device.is_cuda();
+  auto report = epoch_report_build(epoch, parts.device.is_cuda(), summaries,
+                                   config.no_comm ? 0 : sync.bytes_per_step, probe.bus_gbps,
+                                   probe.bytes, settings, bucket_profiles(parts.gradients, sync_before));
   report.memory.source = peak.source;
   for (const auto& parameter : parts.model->parameters()) {
     report.memory.parameters += static_cast<int64_t>(parameter.nbytes());
@@ -76,6 +115,12 @@ void report_epoch_steps(TrainingParts& parts, int64_t epoch, const EpochStats& s
   report.memory.optimizer_state = parts.optimizer.state_bytes();
   report_json = epoch_report_json(report);
   report_lines = epoch_report_lines(report);
+  const Fabric fabric = projection_fabric(config, report, probe);
+  const auto rows = project_scaling(report.profile, fabric);
+  report_json["projection"] = projection_json(report.profile, fabric, rows);
+  if (epoch + 1 == config.epochs) {
+    for (auto& line : projection_lines(fabric, rows)) report_lines.push_back(std::move(line));
+  }
   util::write_file_atomically(out_path(config, "diagnosis.json"), report_json.dump(2) + "\n");
 }
 

@@ -38,6 +38,7 @@ struct EpochStats {
   std::vector<StepTimes> step_times;  // this rank's timed steps (empty with timers off)
   double data_wait_seconds = 0.0;     // this rank
   double comm_wait_seconds = 0.0;     // this rank: finish_backward's wait
+  double compute_cpu_seconds = 0.0;   // this rank's main thread CPU time in forward + backward
   double learning_rate = 0.0;         // encoders' lr at the last step
 };
 

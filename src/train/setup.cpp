@@ -275,8 +275,10 @@ AllreduceProbe allreduce_probe_for(const TrainConfig& config, runtime::Communica
   AllreduceProbe probe;
   const auto sizes = gradients.bucket_bytes();
   probe.bytes = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
+  if (!config.no_comm) probe.tuning = comm.tune_allreduce(probe.bytes);
   if (config.phase_timers && !config.no_comm) {
     probe.bus_gbps = allreduce_probe_bus_gbps(comm, probe.bytes, device);
+    probe.latency_seconds = allreduce_probe_latency_seconds(comm, device);
   }
   return probe;
 }
@@ -352,11 +354,13 @@ void report_run_start(const TrainingParts& parts, const data::ShardedLoader& tra
   const char* yield = std::getenv("OMPI_MCA_mpi_yield_when_idle");
   log.info(std::string("MPI waits: mpi_yield_when_idle=") + (yield ? yield : "unset") +
            " (1: a waiting collective yields the core to compute; runtime/system_info.h)");
+  if (!probe.tuning.empty()) log.info(probe.tuning);
   if (probe.bus_gbps > 0) {
-    char line[160];
+    char line[200];
     std::snprintf(line, sizeof(line),
-                  "allreduce probe: %.1f MB (the largest bucket) at %.2f GB/s bus bandwidth",
-                  probe.bytes / 1e6, probe.bus_gbps);
+                  "allreduce probe: %.1f MB (the largest bucket) at %.3g GB/s bus bandwidth; "
+                  "%.0f us per message round (4 bytes)",
+                  probe.bytes / 1e6, probe.bus_gbps, probe.latency_seconds * 1e6);
     log.info(line);
   }
   if (!resumed_from.empty()) {

@@ -68,8 +68,10 @@ std::vector<NamedTensor> trainable_parameters(model::M3AE& model);
 OptimizerSettings optimizer_settings_from(const TrainConfig& config, int64_t total_steps);
 GradientSyncOptions gradient_sync_options_from(const TrainConfig& config);
 
-// The start-up allreduce probe of the largest gradient bucket (bus
-// bandwidth), or none with --phase-timers false or --no-comm. Collective.
+// The communicator's own tuning for the largest gradient bucket
+// (Communicator::tune_allreduce), then the start-up allreduce probe of that
+// size (bus bandwidth) and of 4 bytes (latency), or no probe with
+// --phase-timers false or --no-comm. Collective.
 AllreduceProbe allreduce_probe_for(const TrainConfig& config, runtime::Communicator& comm,
                                    const GradientSynchronizer& gradients,
                                    const torch::Device& device);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/communicator.h"  // Communicator
+#include "train/projection.h"      // StepProfile, Fabric
 #include "train/step_timer.h"      // StepTimes, Summary, kPhaseCount
 
 namespace vqa::train {
@@ -36,6 +37,24 @@ constexpr double kEvalImbalanceMinSeconds = 0.5;
 // dominate), or under kSmallBatchGpuSeconds per step on a GPU.
 constexpr double kSmallBatchComputeShare = 0.50;
 constexpr double kSmallBatchGpuSeconds = 0.010;
+// Compute contention (CPU backend): the main thread ran less than this share
+// of forward + backward's wall time (it waited for a core held by another
+// thread or process).
+constexpr double kContentionCpuShare = 0.90;
+// No rule fires, and no remedy is named, for a cost or a gain under this
+// share of the step.
+constexpr double kMinimumGainShare = 0.05;
+
+// The settings the remedies are measured against, so that none recommends
+// what is already on.
+struct RemedySettings {
+  bool bf16_allreduce = false;
+  double bucket_mb = 25.0;
+  int64_t batch_per_rank = 1;
+  int64_t global_batch = 1;
+  int64_t accumulation_steps = 1;
+  bool cpu_backend = true;  // the contention rule reads CPU time (not GPU kernels)
+};
 
 // One rank's epoch, condensed.
 struct RankSummary {
@@ -51,11 +70,14 @@ struct RankSummary {
   // the smallest over ranks: the last rank to arrive sees the transfer alone.
   double allreduce_seconds = 0.0;
   int64_t peak_memory_bytes = 0;  // this rank's peak (runtime::memory_peak_and_reset); 0: unknown
+  // The main thread's CPU time over forward + backward's wall time (1: it
+  // always had a core; 0: unknown).
+  double compute_cpu_share = 0.0;
 };
 
 RankSummary rank_summary_build(int rank, const std::vector<StepTimes>& steps,
                                int64_t samples_per_step, double eval_seconds,
-                               double allreduce_seconds);
+                               double allreduce_seconds, double compute_cpu_seconds = 0.0);
 
 struct Diagnosis {
   std::string rule;     // communication-bound, data-bound, straggler, eval-imbalance, small-batch
@@ -90,17 +112,27 @@ struct EpochReport {
   int64_t reference_bytes = 0;
   std::vector<Diagnosis> diagnoses;
   MemoryParts memory;  // with every rank's peak_memory_bytes: the memory line
+  RemedySettings settings;
+  // The step as the projection sees it (phases, buckets); without buckets
+  // (no profile) the remedies are named without their expected gain.
+  StepProfile profile;
 };
+
+// The profile of a report's mean rank: its phases, the accumulation and
+// samples of `settings`, and `buckets` (sizes as sent, mean launch times).
+StepProfile step_profile_build(const EpochReport& report, std::vector<BucketProfile> buckets);
 
 // Collective: every rank passes its summary; rank 0 gets every rank's (in
 // rank order), the others an empty vector.
 std::vector<RankSummary> rank_summaries_gather(runtime::Communicator& comm,
                                                const RankSummary& mine);
 
-// Rank 0: the report from every rank's summary and the job-wide numbers.
+// Rank 0: the report from every rank's summary and the job-wide numbers;
+// diagnosed with `settings` and the bucket profile.
 EpochReport epoch_report_build(int64_t epoch, bool gpu, const std::vector<RankSummary>& ranks,
                                int64_t allreduce_bytes_per_step, double reference_bus_gbps,
-                               int64_t reference_bytes);
+                               int64_t reference_bytes, const RemedySettings& settings = {},
+                               std::vector<BucketProfile> buckets = {});
 
 // The rules above, applied to a report (fills report.diagnoses).
 void epoch_report_diagnose(EpochReport& report);
@@ -120,6 +152,10 @@ double allreduce_bus_gbps(int64_t bytes, int ranks, double seconds);
 struct AllreduceProbe {
   double bus_gbps = 0.0;
   int64_t bytes = 0;
+  // A 4-byte allreduce's median time over its message rounds (ceil(log2 n)):
+  // the per-message latency the projection's "auto" fabric uses (0: unknown).
+  double latency_seconds = 0.0;
+  std::string tuning;  // what the communicator chose at start-up (its log line), or ""
 };
 
 // The start-up probe: the median of `repeats` blocking float32 average-
@@ -128,5 +164,9 @@ struct AllreduceProbe {
 // Collective; 0 on one rank.
 double allreduce_probe_bus_gbps(runtime::Communicator& comm, int64_t bytes,
                                 const torch::Device& device, int repeats = 5);
+// The latency probe: seconds per message round of a 4-byte allreduce
+// (median of `repeats`, the slowest rank's). Collective; 0 on one rank.
+double allreduce_probe_latency_seconds(runtime::Communicator& comm, const torch::Device& device,
+                                       int repeats = 9);
 
 }  // namespace vqa::train

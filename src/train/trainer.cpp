@@ -12,7 +12,7 @@
 #include "runtime/check.h"   // fatal_user_error, VQA_CHECK
 #include "train/autocast.h"  // AutocastScope
 #include "train/batches.h"   // next_batch_or_exit, batch_to_device, vqa_loss
-#include "util/clock.h"      // SteadyClock, seconds_since
+#include "util/clock.h"      // SteadyClock, seconds_since, thread_cpu_seconds
 
 namespace vqa::train {
 
@@ -162,7 +162,7 @@ int64_t optimizer_steps_per_epoch(const data::ShardedLoader& loader, const Train
 }
 
 bool train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t epoch, TrainState& state,
-                torch::Tensor& loss_sum, int64_t& samples) {
+                torch::Tensor& loss_sum, int64_t& samples, double& compute_cpu_seconds) {
   const TrainConfig& config = parts.config;
   const FaultInjector faults(config.faults, parts.comm);
   parts.comm.set_position(epoch, state.global_step);
@@ -182,6 +182,7 @@ bool train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t epoch
     const data::Batch batch = batch_to_device(host_batch, parts.device);
     parts.timer.end_phase(Phase::kHostToDevice);
     parts.gradients.prepare_backward(/*sync=*/micro == config.accumulation_steps - 1);
+    const double cpu_before = util::thread_cpu_seconds();
     torch::Tensor loss;
     {
       AutocastScope autocast(config.bf16_autocast && parts.device.is_cuda());
@@ -193,6 +194,7 @@ bool train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t epoch
     parts.timer.end_phase(Phase::kForward);
     (loss / static_cast<double>(config.accumulation_steps)).backward();
     parts.timer.end_phase(Phase::kBackward);
+    compute_cpu_seconds += util::thread_cpu_seconds() - cpu_before;
     step_loss += loss.detach().to(torch::kFloat64) * static_cast<double>(host_batch.size());
     step_samples += host_batch.size();
   }
@@ -257,7 +259,7 @@ EpochStats train_epoch(TrainingParts& parts, data::ShardedLoader& loader,
       break;
     }
     const double learning_rate = parts.optimizer.learning_rate(state.global_step);
-    if (train_step(parts, loader, epoch, state, loss_sum, samples)) {
+    if (train_step(parts, loader, epoch, state, loss_sum, samples, stats.compute_cpu_seconds)) {
       stats.learning_rate = learning_rate;
     } else {
       ++stats.skipped_steps;

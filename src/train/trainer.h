@@ -56,9 +56,10 @@ void clip_gradient_norm(const std::vector<torch::Tensor>& parameters, double max
 // backward runs), then the non-finite policy, clipping and the optimiser.
 // Adds the step's loss sum (on the device) and sample count to the running
 // totals unless the step was dropped as non-finite (--nonfinite skip), which
-// it returns as false. Advances state.global_step either way.
+// it returns as false. Advances state.global_step either way. Adds the main
+// thread's CPU seconds in forward and backward to `compute_cpu_seconds`.
 bool train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t epoch, TrainState& state,
-                torch::Tensor& loss_sum, int64_t& samples);
+                torch::Tensor& loss_sum, int64_t& samples, double& compute_cpu_seconds);
 
 // Runs the optimiser steps of epoch state.next_epoch from state.step_in_epoch
 // on. At every step boundary every rank polls `stop`; when the ranks agree

@@ -2,6 +2,8 @@
 // the job reads (phase timers, collective times, loader waits).
 #pragma once
 
+#include <time.h>
+
 #include <chrono>
 
 namespace vqa::util {
@@ -16,6 +18,15 @@ inline double steady_seconds() {
 
 inline double seconds_since(SteadyClock::time_point start) {
   return std::chrono::duration<double>(SteadyClock::now() - start).count();
+}
+
+// CPU time the calling thread has run, in seconds: against wall time it shows
+// how much of a phase the thread waited for a core (other threads or
+// processes on it).
+inline double thread_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
 
 }  // namespace vqa::util

@@ -89,7 +89,7 @@ TEST_F(Partition, CutLinkEndsTheJobWithinTheTimeoutNamingThePeer) {
   // mpirun and of rank 1's process (in namespace B) are timed.
   const std::string script = settings + R"sh(
 ip netns exec $A unshare --uts sh -c "hostname $A && exec mpirun --allow-run-as-root -np 2 \
-    --hostfile $DIR/hostfile --mca plm_rsh_agent $SRC/tests/runtime/netns_rsh_agent.sh \
+    --hostfile $DIR/hostfile --mca plm_rsh_agent $SRC/jobs/netns_rsh_agent.sh \
     --tune $SRC/jobs/mpirun-tune.conf --mca pml ob1 --mca btl tcp,self \
     --mca btl_tcp_if_include 10.200.0.0/24 --mca oob_tcp_if_include 10.200.0.0/24 \
     -x OMP_NUM_THREADS=1 $PROBE loop --step-ms 20 --comm-timeout $TIMEOUT" > $DIR/job.log 2>&1 &

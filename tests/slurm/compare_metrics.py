@@ -6,7 +6,7 @@
 Fields measured with a clock differ from run to run and are left out: any
 key containing "second" or "time", the bandwidths ("gbps"), the per-step
 "phases", the "per_rank" timings, and what is derived from them ("slowest_rank",
-"slowest_rank_excess", "diagnosis"). Every other field must be exactly equal
+"slowest_rank_excess", "diagnosis", "projection"). Every other field must be exactly equal
 (tolerance 0: on CPU a resumed or relaunched run repeats the same arithmetic
 in the same order), and the training results (REQUIRED) must be among them,
 so that the comparison cannot pass on an empty set. Prints the compared keys
@@ -16,7 +16,8 @@ import json
 import sys
 
 
-TIMING_PARTS = ("second", "time", "gbps", "phases", "per_rank", "slowest_rank", "diagnosis")
+TIMING_PARTS = ("second", "time", "gbps", "phases", "per_rank", "slowest_rank", "diagnosis",
+                "projection")
 REQUIRED = ("epoch", "train_loss", "test_loss", "overall", "open", "closed", "lr", "samples")
 
 

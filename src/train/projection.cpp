@@ -1,0 +1,200 @@
+#include "train/projection.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+
+namespace vqa::train {
+
+namespace {
+
+// A share of the step under which a cost is not called the bottleneck.
+constexpr double kBottleneckShare = 0.05;
+
+double ring_seconds(double bytes, const Fabric& fabric, int ranks, double* latency_part) {
+  if (ranks < 2) return 0.0;
+  const double steps = 2.0 * (ranks - 1);
+  const double bandwidth = fabric.bus_gbps > 0 ? steps / ranks * bytes / (fabric.bus_gbps * 1e9) : 0;
+  const double latency = steps * fabric.latency_seconds;
+  if (latency_part) *latency_part += latency;
+  return bandwidth + latency;
+}
+
+}  // namespace
+
+const std::vector<Fabric>& fabric_presets() {
+  // Bus bandwidths as nccl-tests reports them for large allreduces; latencies
+  // per ring step. README.md ("Projection to N ranks") gives the sources.
+  static const std::vector<Fabric> presets = {
+      {"nvlink-h100", 450.0, 5e-6, "8x H100/H200 SXM, NVLink 4 + NVSwitch: nccl-tests busbw 370-480 GB/s"},
+      {"ib-ndr", 47.0, 8e-6, "InfiniBand NDR 400 Gb/s, one NIC per GPU: busbw ~46-48 GB/s"},
+      {"ib-hdr", 24.0, 8e-6, "InfiniBand HDR 200 Gb/s, one NIC per GPU: busbw ~23-24 GB/s"},
+      {"100gbe", 11.5, 15e-6, "100 Gbit/s Ethernet (RoCE): ~92% of 12.5 GB/s"},
+      {"25gbe", 2.9, 30e-6, "25 Gbit/s Ethernet, TCP: ~93% of 3.125 GB/s"},
+      {"10gbe", 1.17, 30e-6, "10 Gbit/s Ethernet, TCP: ~94% of 1.25 GB/s"},
+      {"1gbe", 0.117, 50e-6, "1 Gbit/s Ethernet, TCP: ~94% of 0.125 GB/s"},
+      {"pcie-no-p2p", 6.0, 10e-6,
+       "consumer GPUs without peer-to-peer (PCIe through host memory): an estimate, measure yours "
+       "with vqa_allreduce_bench --device cuda"},
+  };
+  return presets;
+}
+
+std::optional<Fabric> fabric_from_text(const std::string& text) {
+  for (const auto& preset : fabric_presets()) {
+    if (preset.name == text) return preset;
+  }
+  double gbps = 0, latency_us = 0;
+  char rest = 0;
+  if (std::sscanf(text.c_str(), "%lf:%lf%c", &gbps, &latency_us, &rest) == 2 && gbps > 0 &&
+      latency_us >= 0 && gbps < 1e6 && latency_us < 1e6) {
+    return Fabric{text, gbps, latency_us * 1e-6, "given on the command line"};
+  }
+  return std::nullopt;
+}
+
+ProjectedStep project_step(const StepProfile& profile, const Fabric& fabric, int ranks) {
+  ProjectedStep result;
+  result.ranks = ranks;
+  double link_free = 0.0, latency = 0.0;  // seconds from the start of the last backward
+  for (const auto& bucket : profile.buckets) {
+    const double ready = std::max(0.0, profile.last_backward - bucket.ready_before_end);
+    const double seconds = ring_seconds(bucket.bytes, fabric, ranks, &latency);
+    result.comm_seconds += seconds;
+    link_free = std::max(link_free, ready) + seconds;
+  }
+  result.exposed_seconds = ranks > 1 ? std::max(0.0, link_free - profile.last_backward) : 0.0;
+  result.step_seconds = profile.compute() + result.exposed_seconds;
+  result.samples_per_second =
+      result.step_seconds > 0
+          ? static_cast<double>(ranks * profile.samples_per_rank_step) / result.step_seconds
+          : 0.0;
+  const double single = profile.compute();
+  result.efficiency = result.step_seconds > 0 ? single / result.step_seconds : 0.0;
+  if (result.exposed_seconds < kBottleneckShare * result.step_seconds) {
+    result.bottleneck = "compute";
+  } else {
+    result.bottleneck = latency > result.comm_seconds / 2 ? "link latency" : "link bandwidth";
+  }
+  return result;
+}
+
+std::vector<ProjectedStep> project_scaling(const StepProfile& profile, const Fabric& fabric,
+                                           int max_ranks) {
+  std::vector<ProjectedStep> rows;
+  for (int ranks = 1; ranks <= max_ranks; ranks *= 2) rows.push_back(project_step(profile, fabric, ranks));
+  return rows;
+}
+
+StepProfile profile_with_bucket_bytes(const StepProfile& profile, double bucket_bytes) {
+  StepProfile cut = profile;
+  cut.buckets.clear();
+  double previous_ready = profile.last_backward;  // before the end: the start of backward
+  for (const auto& bucket : profile.buckets) {
+    const int pieces = std::max(1, static_cast<int>(std::ceil(bucket.bytes / bucket_bytes)));
+    for (int k = 1; k <= pieces; ++k) {
+      // Gradients arrive evenly between the previous bucket's launch and this one's.
+      const double ready = previous_ready + (bucket.ready_before_end - previous_ready) * k / pieces;
+      cut.buckets.push_back({bucket.bytes / pieces, ready});
+    }
+    previous_ready = bucket.ready_before_end;
+  }
+  return cut;
+}
+
+StepProfile profile_with_bytes_scaled(const StepProfile& profile, double factor) {
+  StepProfile scaled = profile;
+  for (auto& bucket : scaled.buckets) bucket.bytes *= factor;
+  return scaled;
+}
+
+StepProfile profile_with_accumulation(const StepProfile& profile, int64_t factor) {
+  StepProfile longer = profile;
+  const auto f = static_cast<double>(factor);
+  // Every micro-step's phases repeat; the optimiser and the allreduce do not.
+  longer.data_wait *= f;
+  longer.h2d *= f;
+  longer.forward *= f;
+  longer.backward *= f;
+  longer.accumulation_steps *= factor;
+  longer.samples_per_rank_step *= factor;
+  return longer;
+}
+
+nlohmann::json projection_json(const StepProfile& profile, const Fabric& fabric,
+                               const std::vector<ProjectedStep>& rows) {
+  nlohmann::json buckets = nlohmann::json::array();
+  for (const auto& bucket : profile.buckets) {
+    buckets.push_back({{"bytes", bucket.bytes}, {"ready_before_end_seconds", bucket.ready_before_end}});
+  }
+  nlohmann::json table = nlohmann::json::array();
+  for (const auto& row : rows) {
+    table.push_back({{"ranks", row.ranks},
+                     {"step_seconds", row.step_seconds},
+                     {"comm_seconds", row.comm_seconds},
+                     {"exposed_seconds", row.exposed_seconds},
+                     {"samples_per_second", row.samples_per_second},
+                     {"efficiency", row.efficiency},
+                     {"bottleneck", row.bottleneck}});
+  }
+  return {{"fabric",
+           {{"name", fabric.name},
+            {"bus_gbps", fabric.bus_gbps},
+            {"latency_seconds", fabric.latency_seconds},
+            {"source", fabric.source}}},
+          {"profile",
+           {{"data_wait_seconds", profile.data_wait},
+            {"h2d_seconds", profile.h2d},
+            {"forward_seconds", profile.forward},
+            {"backward_seconds", profile.backward},
+            {"optimizer_seconds", profile.optimizer},
+            {"accumulation_steps", profile.accumulation_steps},
+            {"last_backward_seconds", profile.last_backward},
+            {"samples_per_rank_step", profile.samples_per_rank_step},
+            {"buckets", buckets}}},
+          {"rows", table}};
+}
+
+StepProfile step_profile_from_json(const nlohmann::json& json) {
+  const auto field = [&](const nlohmann::json& object, const char* name) -> const nlohmann::json& {
+    if (!object.is_object() || !object.contains(name)) {
+      throw std::runtime_error(std::string("projection profile: no field '") + name + "'");
+    }
+    return object.at(name);
+  };
+  StepProfile profile;
+  profile.data_wait = field(json, "data_wait_seconds").get<double>();
+  profile.h2d = field(json, "h2d_seconds").get<double>();
+  profile.forward = field(json, "forward_seconds").get<double>();
+  profile.backward = field(json, "backward_seconds").get<double>();
+  profile.optimizer = field(json, "optimizer_seconds").get<double>();
+  profile.accumulation_steps = field(json, "accumulation_steps").get<int64_t>();
+  profile.last_backward = field(json, "last_backward_seconds").get<double>();
+  profile.samples_per_rank_step = field(json, "samples_per_rank_step").get<int64_t>();
+  for (const auto& bucket : field(json, "buckets")) {
+    profile.buckets.push_back({field(bucket, "bytes").get<double>(),
+                               field(bucket, "ready_before_end_seconds").get<double>()});
+  }
+  return profile;
+}
+
+std::vector<std::string> projection_lines(const Fabric& fabric,
+                                          const std::vector<ProjectedStep>& rows) {
+  std::vector<std::string> lines;
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "  projection on %s (bus %.3g GB/s, %.0f us per ring step; %s):", fabric.name.c_str(),
+                fabric.bus_gbps, fabric.latency_seconds * 1e6, fabric.source.c_str());
+  lines.push_back(line);
+  lines.push_back("    ranks   step_ms  comm_ms  exposed_ms   samples/s  efficiency  bottleneck");
+  for (const auto& row : rows) {
+    std::snprintf(line, sizeof(line), "    %5d %9.1f %8.1f %11.1f %11.1f %11.3f  %s", row.ranks,
+                  1e3 * row.step_seconds, 1e3 * row.comm_seconds, 1e3 * row.exposed_seconds,
+                  row.samples_per_second, row.efficiency, row.bottleneck.c_str());
+    lines.push_back(line);
+  }
+  return lines;
+}
+
+}  // namespace vqa::train

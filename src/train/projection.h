@@ -1,0 +1,89 @@
+// What a run would do on N ranks and another fabric, from what one run
+// measured: its phases per optimiser step, the gradient buckets (bytes, and
+// how long before the end of backward each became ready to send), and a
+// fabric's allreduce bus bandwidth and per-message latency.
+//
+// The model. A bucket of S bytes takes 2(n-1)/n x S / busbw + 2(n-1) x latency
+// (a ring allreduce: 2(n-1) steps, each moving S/n). The link serves buckets
+// one at a time in launch order, each from the moment it is ready; what is
+// still running when backward ends is exposed. The step is the measured
+// compute (data wait, copy, forward, backward, optimiser, summed over the
+// accumulation micro-steps) plus the exposed part. It assumes compute does not
+// change with n (per-rank batch fixed) and the allreduce does not slow
+// compute (true on GPUs; on CPUs each byte sent costs some CPU time).
+// The same model prices the diagnosis' remedies (bfloat16 buckets, smaller
+// buckets, more accumulation).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace vqa::train {
+
+struct Fabric {
+  std::string name;
+  double bus_gbps = 0.0;         // allreduce bus bandwidth, GB/s (nccl-tests' busbw)
+  double latency_seconds = 0.0;  // per ring step
+  std::string source;            // where the numbers come from
+};
+
+// The built-in fabrics (README: "Projection to N ranks" lists their sources).
+const std::vector<Fabric>& fabric_presets();
+// A preset by name, or "BUSGBPS:LATENCYUS" (e.g. "12.5:5"); nullopt otherwise.
+std::optional<Fabric> fabric_from_text(const std::string& text);
+
+// One gradient bucket as the run saw it.
+struct BucketProfile {
+  double bytes = 0.0;                 // sent per step (bfloat16 counted as 2 bytes)
+  double ready_before_end = 0.0;      // seconds before the end of backward it was launched
+};
+
+// The run's numbers the model needs (means over ranks, per optimiser step).
+struct StepProfile {
+  double data_wait = 0.0, h2d = 0.0, forward = 0.0, backward = 0.0, optimizer = 0.0;
+  int64_t accumulation_steps = 1;
+  double last_backward = 0.0;         // backward of the micro-step that sends (seconds)
+  int64_t samples_per_rank_step = 0;  // samples one rank computes per optimiser step
+  std::vector<BucketProfile> buckets;  // in launch order
+  double compute() const { return data_wait + h2d + forward + backward + optimizer; }
+};
+
+struct ProjectedStep {
+  int ranks = 1;
+  double step_seconds = 0.0;
+  double comm_seconds = 0.0;     // all buckets' allreduce time
+  double exposed_seconds = 0.0;  // of which after backward
+  double samples_per_second = 0.0;
+  double efficiency = 1.0;       // S_n / (n x S_1)
+  std::string bottleneck;        // compute | link bandwidth | link latency
+};
+
+// The step at `ranks` ranks on `fabric`.
+ProjectedStep project_step(const StepProfile& profile, const Fabric& fabric, int ranks);
+
+// ranks 1, 2, 4, ..., max_ranks.
+std::vector<ProjectedStep> project_scaling(const StepProfile& profile, const Fabric& fabric,
+                                           int max_ranks = 1024);
+
+// The same profile with buckets re-cut to `bucket_bytes` each: bytes spread
+// evenly over the time between one bucket's launch and the previous one's.
+StepProfile profile_with_bucket_bytes(const StepProfile& profile, double bucket_bytes);
+// The same profile with every bucket's bytes scaled (0.5: bfloat16 buckets).
+StepProfile profile_with_bytes_scaled(const StepProfile& profile, double factor);
+// The same profile with `factor` times the accumulation micro-steps.
+StepProfile profile_with_accumulation(const StepProfile& profile, int64_t factor);
+
+// {"fabric": {...}, "profile": {...}, "rows": [{ranks, step_seconds, ...}]}
+nlohmann::json projection_json(const StepProfile& profile, const Fabric& fabric,
+                               const std::vector<ProjectedStep>& rows);
+// The profile back from projection_json's "profile" (vqa_project reads
+// diagnosis.json); throws std::runtime_error naming a missing field.
+StepProfile step_profile_from_json(const nlohmann::json& profile);
+// A table: one line per rank count.
+std::vector<std::string> projection_lines(const Fabric& fabric,
+                                          const std::vector<ProjectedStep>& rows);
+
+}  // namespace vqa::train
