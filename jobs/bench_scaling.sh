@@ -144,9 +144,13 @@ ddp_setup() {
   parameters=$(sed -nE 's/^model: .*, ([0-9]+) parameters$/\1/p' <<<"$line")
   [[ -n $parameters ]] || die "no parameter count in: $line"
   [[ $line == *input=pixels* ]] || die "the DDP reference covers pixel input only: $line"
+  # vqa_train's bucket size, or with --bucket-mb 0 (auto) DDP's own default, 25 MiB.
+  local ddp_bucket_mb
+  ddp_bucket_mb=$(sed -nE 's/^bucket-mb = //p' "$run/config.ini")
+  [[ $ddp_bucket_mb == 0 ]] && ddp_bucket_mb=25
   ddp_flags=(--preset "$preset" --batch-per-rank "$batch" --question-length "$question_length"
     --attention "$ddp_attention"
-    --bucket-mb "$(sed -nE 's/^bucket-mb = //p' "$run/config.ini")")
+    --bucket-mb "$ddp_bucket_mb")
   local field
   for field in hidden heads ffn vision_layers text_layers fusion_layers vocab_size \
     max_text_length num_answers image_size patch_size dropout; do

@@ -22,6 +22,20 @@ rank, the same processes `python3 -m torch.distributed.run` would start), so
 that one command gives one result line. The rendezvous is TCP on 127.0.0.1 at
 a free port (or --port).
 
+Across hosts (real ones, or jobs/emulated_hosts.sh's network namespaces) a
+spawn cannot reach the other machine, so `--rank R --world-size N --master
+ADDR:PORT` runs just rank R in this process, started once per host by
+whatever starts processes there (jobs/bench_slow_link.sh: `emulated_hosts.sh
+exec`); rank 0 listens for the rendezvous on ADDR:PORT, which must be its own
+address on the link between the hosts, and prints the result line. Gloo
+takes the address it talks on from the host name, and falls back to loopback
+when the name resolves to nothing, as an emulated host's does: the other host
+cannot reach that, so each rank needs GLOO_SOCKET_IFNAME set to the link's
+interface (vqa0 on the emulated hosts).
+
+    python3 jobs/ddp_reference.py ... --rank 0 --world-size 2 --master 10.201.0.1:29500 &
+    python3 jobs/ddp_reference.py ... --rank 1 --world-size 2 --master 10.201.0.1:29500   # on host 1
+
 What is the same as vqa_train (so that the comparison is of the two
 training loops, not of two workloads):
   - the model, layer for layer (src/model/*.cpp): ViT with pre-LN blocks and a
@@ -49,14 +63,20 @@ training loops, not of two workloads):
 
 What differs:
   - the launcher and the collective library (torch.multiprocessing + gloo
-    over TCP on loopback here; mpirun + Open MPI shared memory in vqa_train):
-    that is part of what is compared;
+    over TCP on loopback here, or over the hosts' link with --rank; mpirun +
+    Open MPI shared memory or TCP in vqa_train): that is part of what is
+    compared;
   - the data: here a few batches of random inputs made before the timed
     steps and reused (no loading at all); vqa_train reads every batch from
     its HDF5 file on a background thread, which is inside its timing. This
     favours DDP;
   - DDP's own defaults are kept (find_unused_parameters=False,
-    broadcast_buffers=True, gradient_as_bucket_view=False); the optimiser runs
+    broadcast_buffers=True, gradient_as_bucket_view=False), unless
+    --find-unused-parameters: many users' own training loops turn it on
+    because a model of theirs once had a branch without gradient, and keep it;
+    it costs a traversal of the autograd graph after every forward, so the
+    row with it is what such a loop gets, next to DDP at its best; the
+    optimiser runs
     PyTorch 1.13's default single-tensor AdamW (`--foreach` switches to the
     multi-tensor one); gradients are reset with zero_grad(set_to_none=True),
     PyTorch 2's default and the cheaper choice.
@@ -413,7 +433,7 @@ def torch_version():
     return int(major), int(minor)
 
 
-def run_rank(rank, args, port):
+def run_rank(rank, args, init_method):
     global attention_module  # a spawned process imports this file afresh
     attention_module = ATTENTION_MODULES[args.attention]
     torch.set_num_threads(args.threads)
@@ -423,13 +443,13 @@ def run_rank(rank, args, port):
     # always uses, unless USE_LIBUV is set.
     if torch_version() >= (2, 4):
         os.environ.setdefault("USE_LIBUV", "0")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=args.ranks)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=args.ranks)
     c = model_config(args)
     torch.manual_seed(args.seed)
     model = M3AE(c)
     parameters = counted_parameters(model)
-    ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb,
+                                  find_unused_parameters=args.find_unused_parameters)
     groups, multipliers = parameter_groups(model, args.lr, 0.01, 5.0, 50.0)
     optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98), eps=1e-8,
                                   foreach=args.foreach)
@@ -470,6 +490,8 @@ def print_result(args, c, parameters, **timing):
               "batch_per_rank": args.batch_per_rank, "steps": args.steps,
               "warmup_steps": args.warmup_steps, "bucket_mb": args.bucket_mb,
               "foreach": bool(args.foreach), "attention": args.attention,
+              "find_unused_parameters": bool(args.find_unused_parameters),
+              "launcher": "spawn" if args.rank is None else "one rank per process",
               "parameters": parameters, "model": c}
     record.update(timing)
     print(json.dumps(record), flush=True)
@@ -504,10 +526,32 @@ def main():
     parser.add_argument("--attention", choices=sorted(ATTENTION_MODULES), default="explicit",
                         help="explicit: matmul / softmax / matmul as vqa_train's; torch: "
                              "nn.MultiheadAttention")
-    parser.add_argument("--port", type=int, default=0, help="rendezvous port (0: a free one)")
+    parser.add_argument("--find-unused-parameters", action="store_true",
+                        help="DistributedDataParallel(find_unused_parameters=True)")
+    parser.add_argument("--port", type=int, default=0,
+                        help="rendezvous port on 127.0.0.1 when spawning (0: a free one)")
+    hosts = parser.add_argument_group(
+        "one rank per process (across hosts; all three together, instead of --ranks)")
+    hosts.add_argument("--rank", type=int, default=None, help="this process's rank")
+    hosts.add_argument("--world-size", type=int, default=None, help="ranks in all")
+    hosts.add_argument("--master", default=None, metavar="ADDR:PORT",
+                       help="rank 0's address and port for the TCP rendezvous")
     parser.add_argument("--count-only", action="store_true",
                         help="print the parameter count and exit")
     args = parser.parse_args()
+    one_rank = (args.rank, args.world_size, args.master)
+    if any(value is not None for value in one_rank):
+        if any(value is None for value in one_rank):
+            parser.error("--rank, --world-size and --master go together")
+        if args.world_size < 1 or not 0 <= args.rank < args.world_size:
+            parser.error(f"--rank must be in 0..world size - 1, got --rank {args.rank} "
+                         f"--world-size {args.world_size}")
+        address, _, port = args.master.rpartition(":")
+        if not address or not port.isdigit() or not 0 < int(port) < 65536:
+            parser.error(f"--master must be ADDR:PORT, got '{args.master}'")
+        if args.ranks not in (1, args.world_size):
+            parser.error(f"--ranks {args.ranks} contradicts --world-size {args.world_size}")
+        args.ranks = args.world_size
     for name in ("ranks", "batch_per_rank", "steps", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -524,7 +568,11 @@ def main():
     # Every rank one thread, also inside OpenMP regions started before
     # set_num_threads (the spawned processes inherit the environment).
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    mp.spawn(run_rank, args=(args, args.port or free_port()), nprocs=args.ranks, join=True)
+    if args.rank is not None:
+        run_rank(args.rank, args, f"tcp://{args.master}")
+        return
+    mp.spawn(run_rank, args=(args, f"tcp://127.0.0.1:{args.port or free_port()}"),
+             nprocs=args.ranks, join=True)
 
 
 if __name__ == "__main__":

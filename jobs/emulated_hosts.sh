@@ -170,6 +170,7 @@ command_up() {
   apply_shape "$name"
   trap - ERR
   # The watcher: removes the set once the owner has gone, however it went.
+  # shellcheck disable=SC2016  # the inner shell expands its own arguments
   setsid bash -c 'while kill -0 "$1" 2>/dev/null && [ -d "$2" ]; do sleep 1; done
                   [ -d "$2" ] && exec "$3" down "$4"' watcher "$owner" "$state_root/$name" \
     "$here/emulated_hosts.sh" "$name" </dev/null >/dev/null 2>&1 &
@@ -190,9 +191,12 @@ command_exec() {
   check_name "$name"
   local hosts
   hosts=$(host_count "$name")
-  [[ $index =~ ^[0-9]+$ ]] && ((index < hosts)) || die "host index must be 0..$((hosts - 1)), got '$index'"
+  if ! [[ $index =~ ^[0-9]+$ ]] || ((index >= hosts)); then
+    die "host index must be 0..$((hosts - 1)), got '$index'"
+  fi
   (($#)) || die "exec needs a command"
   local host=$name-h$index
+  # shellcheck disable=SC2016  # the inner shell expands its own arguments
   exec ip netns exec "$host" unshare --uts \
     sh -c 'hostname "$0" && core=$1 && shift && exec taskset -c "$core" "$@"' "$host" "$(core_of_host "$index")" "$@"
 }
@@ -208,6 +212,7 @@ command_mpirun() {
   # mpirun itself is not pinned: Open MPI hands the launching process's
   # allowed cores to its daemons, which would put every rank on host 0's
   # core. The rank file binds rank i to host i's core instead.
+  # shellcheck disable=SC2016  # the inner shell expands its own arguments
   exec ip netns exec "$name-h0" unshare --uts sh -c 'hostname "$0" && shift && exec "$@"' \
     "$name-h0" _ mpirun "${root_flags[@]}" -np "$hosts" \
     --hostfile "$state_root/$name/hostfile" --rankfile "$state_root/$name/rankfile" \

@@ -4,6 +4,7 @@
 // round, so the overhead of our layer shows as a ratio.
 //
 //   mpirun -np 2 build/vqa_allreduce_bench -b 4 -e 256M -f 4
+#include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -94,6 +95,15 @@ double time_ours(Communicator& comm, const torch::Tensor& buffer, ReduceOp op, i
   }
   comm.barrier();
   return vqa::util::seconds_since(start) / iters;
+}
+
+// User and system CPU seconds of this process, all threads (the progress
+// thread and the kernel's work for its sockets included).
+double process_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
 }
 
 double time_raw_mpi(Communicator& comm, const torch::Tensor& buffer, int iters) {
@@ -193,12 +203,14 @@ int main(int argc, char** argv) {
     std::printf(
         "# time = blocking allreduce; async = allreduce_async + wait (progress thread);\n"
         "# busbw = algbw * 2(n-1)/n; raw = MPI_Allreduce on the same buffer; "
-        "ratio = time / raw\n");
+        "ratio = time / raw;\n# cpu = this process's CPU time (all threads, user + system) per MB "
+        "sent and received, 2(n-1)/n of the size (the busiest rank's)\n");
     if (!tuning.empty()) std::printf("# %s\n", tuning.c_str());
-    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s\n", "size(B)", "count", "type",
-                "redop", "time(us)", "algbw", "busbw", "#wrong", "async(us)", "raw(us)", "ratio");
-    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s\n", "", "(elements)", "", "", "",
-                "(GB/s)", "(GB/s)", "", "", "", "");
+    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s %10s\n", "size(B)", "count", "type",
+                "redop", "time(us)", "algbw", "busbw", "#wrong", "async(us)", "raw(us)", "ratio",
+                "cpu");
+    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s %10s\n", "", "(elements)", "", "",
+                "", "(GB/s)", "(GB/s)", "", "", "", "", "(us/MB)");
   }
 
   int64_t total_wrong = 0;
@@ -220,10 +232,12 @@ int main(int argc, char** argv) {
     // they stay finite, and time ours and raw MPI in alternating rounds.
     buffer.fill_(1.0 / 1024);
     for (int i = 0; i < config.warmup_iters; ++i) comm->allreduce(buffer, op);
-    std::vector<double> ours, ours_async, baseline;
+    std::vector<double> ours, ours_async, baseline, cpu;
     for (int round = 0; round < config.rounds; ++round) {
       buffer.fill_(1.0 / 1024);
+      const double cpu_before = process_cpu_seconds();
       ours.push_back(comm->sum(time_ours(*comm, buffer, op, config.iters, false)) / n);
+      cpu.push_back(comm->max(process_cpu_seconds() - cpu_before) / config.iters);
       buffer.fill_(1.0 / 1024);
       ours_async.push_back(comm->sum(time_ours(*comm, buffer, op, config.iters, true)) / n);
       if (raw) {
@@ -242,10 +256,12 @@ int main(int argc, char** argv) {
                   median(ours_async) * 1e6);
       if (raw) {
         const double raw_seconds = median(baseline);
-        std::printf(" %11.2f %7.3f\n", raw_seconds * 1e6, seconds / raw_seconds);
+        std::printf(" %11.2f %7.3f", raw_seconds * 1e6, seconds / raw_seconds);
       } else {
-        std::printf(" %11s %7s\n", "-", "-");
+        std::printf(" %11s %7s", "-", "-");
       }
+      const double traffic_mb = actual_bytes * 2.0 * (n - 1) / n / 1e6;
+      std::printf(" %10.1f\n", n > 1 ? median(cpu) * 1e6 / traffic_mb : 0.0);
       std::fflush(stdout);
     }
   }

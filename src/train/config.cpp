@@ -57,7 +57,9 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "how the MPI backend averages gradient buckets: ring (pipelined ring over "
            "point-to-point messages, full duplex) | library (the MPI library's MPI_Allreduce)")
       .add("threads", &c.threads, "CPU threads per rank (0: host cores / ranks on the host)")
-      .add("bucket-mb", &c.bucket_mb, "gradient bucket size in MiB for the overlapped allreduce")
+      .add("bucket-mb", &c.bucket_mb,
+           "gradient bucket size in MiB for the overlapped allreduce (0: auto, 20 ms of the bus "
+           "bandwidth measured at start-up, between 1 and 25 MiB)")
       .add("bf16-allreduce", &c.bf16_allreduce, "send gradients as bfloat16 (half the bytes)")
       .add("bf16-autocast", &c.bf16_autocast, "bfloat16 autocast for the forward pass (GPU only)")
       .add("packed-attention", &c.packed_attention,
@@ -153,8 +155,9 @@ void config_finalize(TrainConfig& c, int world_size) {
   if (c.warmup_ratio < 0 || c.warmup_ratio > 1) {
     fatal_user_error("--warmup-ratio must be in [0, 1], got " + option_text(c.warmup_ratio));
   }
-  if (c.bucket_mb <= 0)
-    fatal_user_error("--bucket-mb must be > 0, got " + option_text(c.bucket_mb));
+  if (!(c.bucket_mb >= 0) || c.bucket_mb > 1e6)
+    fatal_user_error("--bucket-mb must be 0 (auto) or a size in (0, 1e6] MiB, got " +
+                     option_text(c.bucket_mb));
   if (c.mpi_allreduce != "ring" && c.mpi_allreduce != "library") {
     fatal_user_error("--mpi-allreduce must be ring or library, got '" + c.mpi_allreduce + "'");
   }

@@ -48,7 +48,7 @@ struct TrainConfig {
   std::string backend = "auto";  // auto | mpi | nccl
   std::string mpi_allreduce = "ring";  // ring | library (runtime::MpiAllreduce)
   int threads = 0;               // CPU threads per rank; 0: host cores / ranks on the host
-  double bucket_mb = 25.0;
+  double bucket_mb = 0.0;  // 0: auto, from the start-up probe (gradient_bucket_mb)
   bool bf16_allreduce = false;
   bool bf16_autocast = false;     // GPU only
   bool packed_attention = false;  // one GEMM for q, k, v (measured slower on CPU: README)

@@ -89,6 +89,7 @@ class GradientSynchronizer {
   // handed over once: later calls return nothing.
   std::vector<std::string> take_unused_parameters() { return std::move(unused_names_); }
   const GradientSyncStats& stats() const { return stats_; }
+  double bucket_mb() const { return options_.bucket_mb; }
   // Bucket sizes in bytes as sent (bfloat16 with options.bf16), in launch order.
   std::vector<int64_t> bucket_bytes() const;
   // Bytes the buckets hold: the float32 gradients and the bfloat16 copies sent.

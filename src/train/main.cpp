@@ -81,8 +81,10 @@ int main(int argc, char** argv) {
   train::broadcast_module_state(*model, *comm);
   train::VqaOptimizer optimizer(
       model, train::optimizer_settings_from(config, steps_per_epoch * config.epochs));
-  train::GradientSynchronizer gradients(train::trainable_parameters(model), *comm,
-                                        train::gradient_sync_options_from(config));
+  auto parameters = train::trainable_parameters(model);
+  const double bucket_mb = train::gradient_bucket_mb(config, *comm, parameters, device, log);
+  train::GradientSynchronizer gradients(std::move(parameters), *comm,
+                                        train::gradient_sync_options_from(config, bucket_mb));
   comm->barrier();  // the phase timers and the timeline start together on every rank
   train::StepTimer timer(device, config.phase_timers);
   train::Timeline timeline(config.timeline, config.timeline_first_step, config.timeline_steps);

@@ -3,6 +3,9 @@
 //
 //   build/vqa_project runs/quickstart/diagnosis.json --fabric ib-ndr
 //   build/vqa_project runs/quickstart/diagnosis.json --fabric 0.117:50 --max-ranks 8 --json
+//
+// The rows assume the run's per-rank batch and phases; gradient buckets are re-cut
+// to the size vqa_train's --bucket-mb 0 picks on that fabric (--bucket-mb).
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -18,6 +21,7 @@ struct ProjectOptions {
   std::string diagnosis;
   std::string fabric = "ib-ndr";
   int max_ranks = 1024;
+  double bucket_mb = 0.0;
   bool json = false;
 };
 
@@ -36,6 +40,9 @@ int main(int argc, char** argv) {
            "a preset (nvlink-h100, ib-ndr, ib-hdr, 100gbe, 25gbe, 10gbe, 1gbe, pcie-no-p2p) or "
            "BUSGBPS:LATENCYUS, e.g. 0.117:50")
       .add("max-ranks", &options.max_ranks, "project 1, 2, 4, ... up to this many ranks (1..65536)")
+      .add("bucket-mb", &options.bucket_mb,
+           "re-cut the run's gradient buckets to this many MiB as sent (0: what vqa_train's "
+           "--bucket-mb 0 would choose on the fabric; -1: the run's own buckets)")
       .add("json", &options.json, "print the projection as JSON instead of a table")
       .positional("diagnosis", 1);
   try {
@@ -48,6 +55,9 @@ int main(int argc, char** argv) {
   }
   const auto fabric = vqa::train::fabric_from_text(options.fabric);
   if (!fabric) return fail("--fabric: no preset or BUSGBPS:LATENCYUS '" + options.fabric + "'");
+  if (!(options.bucket_mb >= -1) || options.bucket_mb > 1e6) {
+    return fail("--bucket-mb must be -1, 0 or a size up to 1e6 MiB");
+  }
   if (options.max_ranks < 1 || options.max_ranks > 65536) {
     return fail("--max-ranks must be in [1, 65536], got " + std::to_string(options.max_ranks));
   }
@@ -58,7 +68,12 @@ int main(int argc, char** argv) {
     if (!diagnosis.contains("projection")) {
       return fail(options.diagnosis + ": no 'projection' (written by vqa_train with phase timers)");
     }
-    const auto profile = vqa::train::step_profile_from_json(diagnosis.at("projection").at("profile"));
+    auto profile = vqa::train::step_profile_from_json(diagnosis.at("projection").at("profile"));
+    if (options.bucket_mb >= 0) {
+      const double bytes = options.bucket_mb > 0 ? options.bucket_mb * 1024 * 1024
+                                                 : vqa::train::auto_bucket_bytes(*fabric);
+      profile = vqa::train::profile_with_bucket_bytes(profile, bytes);
+    }
     const auto rows = vqa::train::project_scaling(profile, *fabric, options.max_ranks);
     if (options.json) {
       std::printf("%s\n", vqa::train::projection_json(profile, *fabric, rows).dump(2).c_str());

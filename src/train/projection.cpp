@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 
 namespace vqa::train {
@@ -45,27 +46,78 @@ std::optional<Fabric> fabric_from_text(const std::string& text) {
   for (const auto& preset : fabric_presets()) {
     if (preset.name == text) return preset;
   }
-  double gbps = 0, latency_us = 0;
-  char rest = 0;
-  if (std::sscanf(text.c_str(), "%lf:%lf%c", &gbps, &latency_us, &rest) == 2 && gbps > 0 &&
-      latency_us >= 0 && gbps < 1e6 && latency_us < 1e6) {
-    return Fabric{text, gbps, latency_us * 1e-6, "given on the command line"};
+  // BUSGBPS:LATENCYUS[:CPUUS_PER_MB], every field a whole number.
+  std::vector<double> fields;
+  size_t begin = 0;
+  while (begin <= text.size() && fields.size() < 4) {
+    const size_t colon = std::min(text.find(':', begin), text.size());
+    const std::string field = text.substr(begin, colon - begin);
+    char* end = nullptr;
+    const double value = std::strtod(field.c_str(), &end);
+    if (field.empty() || end != field.c_str() + field.size() || !std::isfinite(value)) {
+      return std::nullopt;
+    }
+    fields.push_back(value);
+    begin = colon + 1;
+  }
+  if (fields.size() < 2 || fields.size() > 3) return std::nullopt;
+  const double gbps = fields[0], latency_us = fields[1];
+  const double cpu_us_per_mb = fields.size() == 3 ? fields[2] : 0.0;
+  if (gbps > 0 && gbps < 1e6 && latency_us >= 0 && latency_us < 1e6 && cpu_us_per_mb >= 0 &&
+      cpu_us_per_mb < 1e7) {
+    return Fabric{text, gbps, latency_us * 1e-6, "given on the command line",
+                  cpu_us_per_mb * 1e-12};
   }
   return std::nullopt;
 }
 
+namespace {
+
+struct LinkSchedule {
+  double comm = 0.0, latency = 0.0;
+  double end = 0.0;                // when the last bucket is done (from backward's start)
+  double bytes_in_backward = 0.0;  // buffer bytes moved before backward ends
+};
+
+// The link serving the buckets in order, for a backward of `backward`
+// seconds whose gradients arrive as in `profile`, stretched in proportion.
+LinkSchedule link_schedule(const StepProfile& profile, const Fabric& fabric, int ranks,
+                           double backward) {
+  LinkSchedule link;
+  const double stretch = profile.last_backward > 0 ? backward / profile.last_backward : 1.0;
+  for (const auto& bucket : profile.buckets) {
+    const double ready =
+        std::max(0.0, (profile.last_backward - bucket.ready_before_end) * stretch);
+    const double seconds = ring_seconds(bucket.bytes, fabric, ranks, &link.latency);
+    const double start = std::max(link.end, ready);
+    link.comm += seconds;
+    link.end = start + seconds;
+    if (seconds > 0) {
+      link.bytes_in_backward += bucket.bytes * std::clamp((backward - start) / seconds, 0.0, 1.0);
+    }
+  }
+  return link;
+}
+
+}  // namespace
+
 ProjectedStep project_step(const StepProfile& profile, const Fabric& fabric, int ranks) {
   ProjectedStep result;
   result.ranks = ranks;
-  double link_free = 0.0, latency = 0.0;  // seconds from the start of the last backward
-  for (const auto& bucket : profile.buckets) {
-    const double ready = std::max(0.0, profile.last_backward - bucket.ready_before_end);
-    const double seconds = ring_seconds(bucket.bytes, fabric, ranks, &latency);
-    result.comm_seconds += seconds;
-    link_free = std::max(link_free, ready) + seconds;
+  LinkSchedule link = link_schedule(profile, fabric, ranks, profile.last_backward);
+  double backward = profile.last_backward;
+  if (ranks > 1 && fabric.cpu_seconds_per_byte > 0) {
+    // The CPU the allreduce takes while backward runs is backward's loss;
+    // a longer backward hides more of the link, so the schedule is redone.
+    const double traffic = 2.0 * (ranks - 1) / ranks;
+    backward += fabric.cpu_seconds_per_byte * traffic * link.bytes_in_backward;
+    link = link_schedule(profile, fabric, ranks, backward);
   }
-  result.exposed_seconds = ranks > 1 ? std::max(0.0, link_free - profile.last_backward) : 0.0;
-  result.step_seconds = profile.compute() + result.exposed_seconds;
+  const double latency = link.latency;
+  result.comm_seconds = link.comm;
+  result.exposed_seconds = ranks > 1 ? std::max(0.0, link.end - backward) : 0.0;
+  result.step_seconds =
+      profile.compute() + (backward - profile.last_backward) + result.exposed_seconds;
   result.samples_per_second =
       result.step_seconds > 0
           ? static_cast<double>(ranks * profile.samples_per_rank_step) / result.step_seconds
@@ -88,19 +140,36 @@ std::vector<ProjectedStep> project_scaling(const StepProfile& profile, const Fab
 }
 
 StepProfile profile_with_bucket_bytes(const StepProfile& profile, double bucket_bytes) {
+  // The run's buckets as a curve of bytes ready against time before the end
+  // of backward, linear between launches and starting at backward's start;
+  // new buckets are cut from it every bucket_bytes (split or merged).
+  std::vector<std::pair<double, double>> curve = {{0.0, profile.last_backward}};
+  for (const auto& bucket : profile.buckets) {
+    curve.push_back({curve.back().first + bucket.bytes, bucket.ready_before_end});
+  }
   StepProfile cut = profile;
   cut.buckets.clear();
-  double previous_ready = profile.last_backward;  // before the end: the start of backward
-  for (const auto& bucket : profile.buckets) {
-    const int pieces = std::max(1, static_cast<int>(std::ceil(bucket.bytes / bucket_bytes)));
-    for (int k = 1; k <= pieces; ++k) {
-      // Gradients arrive evenly between the previous bucket's launch and this one's.
-      const double ready = previous_ready + (bucket.ready_before_end - previous_ready) * k / pieces;
-      cut.buckets.push_back({bucket.bytes / pieces, ready});
-    }
-    previous_ready = bucket.ready_before_end;
+  const double total = curve.back().first;
+  if (total <= 0 || bucket_bytes <= 0) return profile;
+  const int pieces = std::max(1, static_cast<int>(std::ceil(total / bucket_bytes - 1e-9)));
+  size_t segment = 1;
+  double previous_end = 0.0;
+  for (int k = 1; k <= pieces; ++k) {
+    const double end = std::min(total, k * bucket_bytes);
+    while (segment + 1 < curve.size() && curve[segment].first < end) ++segment;
+    const auto& [bytes0, ready0] = curve[segment - 1];
+    const auto& [bytes1, ready1] = curve[segment];
+    const double t = bytes1 > bytes0 ? (end - bytes0) / (bytes1 - bytes0) : 1.0;
+    cut.buckets.push_back({end - previous_end, ready0 + (ready1 - ready0) * t});
+    previous_end = end;
   }
   return cut;
+}
+
+double auto_bucket_bytes(const Fabric& fabric) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  return kMiB * std::clamp(std::round(10.0 * fabric.bus_gbps * 1e9 * kAutoBucketSeconds / kMiB) / 10.0,
+                           kAutoBucketMinMiB, kAutoBucketMaxMiB);
 }
 
 StepProfile profile_with_bytes_scaled(const StepProfile& profile, double factor) {
@@ -142,6 +211,7 @@ nlohmann::json projection_json(const StepProfile& profile, const Fabric& fabric,
            {{"name", fabric.name},
             {"bus_gbps", fabric.bus_gbps},
             {"latency_seconds", fabric.latency_seconds},
+            {"cpu_seconds_per_byte", fabric.cpu_seconds_per_byte},
             {"source", fabric.source}}},
           {"profile",
            {{"data_wait_seconds", profile.data_wait},

@@ -8,9 +8,11 @@
 // one at a time in launch order, each from the moment it is ready; what is
 // still running when backward ends is exposed. The step is the measured
 // compute (data wait, copy, forward, backward, optimiser, summed over the
-// accumulation micro-steps) plus the exposed part. It assumes compute does not
-// change with n (per-rank batch fixed) and the allreduce does not slow
-// compute (true on GPUs; on CPUs each byte sent costs some CPU time).
+// accumulation micro-steps) plus the exposed part. Compute does not change
+// with n (per-rank batch fixed), except on a CPU rank, where the allreduce's
+// own CPU time (Fabric::cpu_seconds_per_byte) during backward lengthens
+// backward by as much (one core per rank, shared with the progress thread
+// and the kernel's network work).
 // The same model prices the diagnosis' remedies (bfloat16 buckets, smaller
 // buckets, more accumulation).
 #pragma once
@@ -28,11 +30,16 @@ struct Fabric {
   double bus_gbps = 0.0;         // allreduce bus bandwidth, GB/s (nccl-tests' busbw)
   double latency_seconds = 0.0;  // per ring step
   std::string source;            // where the numbers come from
+  // Host CPU seconds per byte a rank sends and receives (2(n-1)/n of the
+  // buffer), as vqa_allreduce_bench's "cpu" column measures it: on a CPU
+  // rank it is taken from compute that runs at the same time. 0 for GPUs.
+  double cpu_seconds_per_byte = 0.0;
 };
 
 // The built-in fabrics (README: "Projection to N ranks" lists their sources).
 const std::vector<Fabric>& fabric_presets();
-// A preset by name, or "BUSGBPS:LATENCYUS" (e.g. "12.5:5"); nullopt otherwise.
+// A preset by name, or "BUSGBPS:LATENCYUS[:CPUUS_PER_MB]" (e.g. "12.5:5",
+// "0.119:20:900"); nullopt otherwise.
 std::optional<Fabric> fabric_from_text(const std::string& text);
 
 // One gradient bucket as the run saw it.
@@ -68,9 +75,22 @@ ProjectedStep project_step(const StepProfile& profile, const Fabric& fabric, int
 std::vector<ProjectedStep> project_scaling(const StepProfile& profile, const Fabric& fabric,
                                            int max_ranks = 1024);
 
-// The same profile with buckets re-cut to `bucket_bytes` each: bytes spread
-// evenly over the time between one bucket's launch and the previous one's.
+// The same profile with buckets re-cut to `bucket_bytes` each (split or
+// merged): bytes taken to arrive evenly between one bucket's launch and the
+// previous one's (the first from the start of backward). A profile measured
+// with small buckets (--bucket-mb 1) re-cuts most faithfully.
 StepProfile profile_with_bucket_bytes(const StepProfile& profile, double bucket_bytes);
+
+// --bucket-mb 0 (auto): buckets whose allreduce takes about
+// kAutoBucketSeconds at the bus bandwidth, between the two limits (MiB,
+// rounded to 0.1): small on a slow link so that the first bucket goes out
+// early in backward and the link stays busy, large on a fast one so that each
+// allreduce's fixed cost stays small.
+constexpr double kAutoBucketSeconds = 0.020;
+constexpr double kAutoBucketMinMiB = 1.0;
+constexpr double kAutoBucketMaxMiB = 25.0;
+// The auto bucket size in bytes sent on `fabric`.
+double auto_bucket_bytes(const Fabric& fabric);
 // The same profile with every bucket's bytes scaled (0.5: bfloat16 buckets).
 StepProfile profile_with_bytes_scaled(const StepProfile& profile, double factor);
 // The same profile with `factor` times the accumulation micro-steps.

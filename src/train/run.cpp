@@ -99,7 +99,7 @@ void report_epoch_steps(TrainingParts& parts, int64_t epoch, const EpochStats& s
   if (parts.comm.rank() != 0) return;
   RemedySettings settings;
   settings.bf16_allreduce = config.bf16_allreduce;
-  settings.bucket_mb = config.bucket_mb;
+  settings.bucket_mb = parts.gradients.bucket_mb();
   settings.batch_per_rank = config.batch_per_rank;
   settings.global_batch = config.global_batch;
   settings.accumulation_steps = config.accumulation_steps;
@@ -116,7 +116,11 @@ void report_epoch_steps(TrainingParts& parts, int64_t epoch, const EpochStats& s
   report_json = epoch_report_json(report);
   report_lines = epoch_report_lines(report);
   const Fabric fabric = projection_fabric(config, report, probe);
-  const auto rows = project_scaling(report.profile, fabric);
+  // With --bucket-mb 0 the job would size its buckets for that fabric too.
+  const StepProfile profile =
+      config.bucket_mb > 0 ? report.profile
+                           : profile_with_bucket_bytes(report.profile, auto_bucket_bytes(fabric));
+  const auto rows = project_scaling(profile, fabric);
   report_json["projection"] = projection_json(report.profile, fabric, rows);
   if (epoch + 1 == config.epochs) {
     for (auto& line : projection_lines(fabric, rows)) report_lines.push_back(std::move(line));

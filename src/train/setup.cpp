@@ -1,6 +1,7 @@
 #include "train/setup.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -261,12 +262,37 @@ OptimizerSettings optimizer_settings_from(const TrainConfig& config, int64_t tot
   return settings;
 }
 
-GradientSyncOptions gradient_sync_options_from(const TrainConfig& config) {
+GradientSyncOptions gradient_sync_options_from(const TrainConfig& config, double bucket_mb) {
   GradientSyncOptions options;
-  options.bucket_mb = config.bucket_mb;
+  options.bucket_mb = bucket_mb;
   options.bf16 = config.bf16_allreduce;
   options.skip_allreduce = config.no_comm;
   return options;
+}
+
+double gradient_bucket_mb(const TrainConfig& config, runtime::Communicator& comm,
+                          const std::vector<NamedTensor>& parameters, const torch::Device& device,
+                          RunLog& log) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  if (config.bucket_mb > 0) return config.bucket_mb;
+  if (comm.world_size() < 2 || config.no_comm) return kAutoBucketMaxMiB;
+  const double wire = config.bf16_allreduce ? 0.5 : 1.0;  // bytes sent per float32 byte
+  int64_t gradient_bytes = 0;
+  for (const auto& parameter : parameters) gradient_bytes += parameter.tensor.numel() * 4;
+  const auto probe_bytes = static_cast<int64_t>(
+      std::min(kAutoBucketMaxMiB * kMiB, static_cast<double>(gradient_bytes)) * wire);
+  comm.tune_allreduce(probe_bytes);
+  const double gbps = allreduce_probe_bus_gbps(comm, probe_bytes, device, /*repeats=*/3);
+  // The auto size is in bytes sent; --bucket-mb counts float32 gradient bytes.
+  const double mib =
+      std::min(kAutoBucketMaxMiB, auto_bucket_bytes(Fabric{"measured", gbps, 0.0, ""}) / wire / kMiB);
+  char line[200];
+  std::snprintf(line, sizeof(line),
+                "gradient buckets: --bucket-mb 0 (auto): %.1f MiB, %.0f ms at the %.3g GB/s bus "
+                "bandwidth measured at %.1f MB",
+                mib, 1e3 * kAutoBucketSeconds, gbps, probe_bytes / 1e6);
+  log.info(line);
+  return mib;
 }
 
 AllreduceProbe allreduce_probe_for(const TrainConfig& config, runtime::Communicator& comm,

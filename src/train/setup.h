@@ -66,7 +66,18 @@ int64_t steps_per_epoch_or_exit(const data::ShardedLoader& train_loader, const T
 std::vector<NamedTensor> trainable_parameters(model::M3AE& model);
 
 OptimizerSettings optimizer_settings_from(const TrainConfig& config, int64_t total_steps);
-GradientSyncOptions gradient_sync_options_from(const TrainConfig& config);
+// The buckets' options; `bucket_mb` is gradient_bucket_mb's answer.
+GradientSyncOptions gradient_sync_options_from(const TrainConfig& config, double bucket_mb);
+
+// --bucket-mb, or with 0 (auto) the size whose allreduce takes about
+// kAutoBucketSeconds at the bus bandwidth measured now (between 1 and 25
+// MiB; 25 on one rank): small enough on a slow link that the first bucket
+// goes out early in backward and the link stays busy, large enough on a fast
+// one that each allreduce's fixed cost stays small. Logs the choice.
+// Collective.
+double gradient_bucket_mb(const TrainConfig& config, runtime::Communicator& comm,
+                          const std::vector<NamedTensor>& parameters, const torch::Device& device,
+                          RunLog& log);
 
 // The communicator's own tuning for the largest gradient bucket
 // (Communicator::tune_allreduce), then the start-up allreduce probe of that

@@ -64,6 +64,24 @@ TEST(Projection, RingCostGrowsAsTwoNMinusOneOverN) {
   EXPECT_EQ(rows.back().ranks, 16);
 }
 
+TEST(Projection, AllreduceCpuTimeDuringBackwardLengthensBackward) {
+  // 1000 us of CPU per MB of traffic at 2 ranks (traffic = the buffer) and
+  // 0.1 GB/s: in the first schedule bucket 0 moves from 50 to 152 ms, all of
+  // it inside the 200 ms backward, bucket 1 from 152 to 254 ms, 48 of its
+  // 102 ms inside. That CPU time lengthens backward.
+  Fabric fabric{"f", 0.1, 1e-3, "", 1e-9};
+  const auto step = vqa::train::project_step(two_bucket_profile(), fabric, 2);
+  const double in_backward = 10e6 + 10e6 * 0.048 / 0.102;
+  const double backward = 0.200 + 1e-9 * in_backward;
+  // The second schedule, ready times stretched by backward / 0.2.
+  const double stretch = backward / 0.200;
+  const double end0 = 0.050 * stretch + 0.102;
+  const double end1 = std::max(end0, 0.150 * stretch) + 0.102;
+  EXPECT_NEAR(step.step_seconds, 0.320 + (backward - 0.200) + std::max(0.0, end1 - backward),
+              kTolerance);
+  EXPECT_GT(step.step_seconds, 0.374);  // slower than without the CPU cost
+}
+
 TEST(Projection, RemediesChangeTheProfileAsStated) {
   const auto profile = two_bucket_profile();
   const auto half = vqa::train::profile_with_bytes_scaled(profile, 0.5);
@@ -80,6 +98,18 @@ TEST(Projection, RemediesChangeTheProfileAsStated) {
   EXPECT_NEAR(cut.buckets[1].ready_before_end, 0.150, kTolerance);
   EXPECT_NEAR(cut.buckets[2].ready_before_end, 0.100, kTolerance);
   EXPECT_NEAR(cut.buckets[3].ready_before_end, 0.050, kTolerance);
+  // Merged: 15 MB buckets end at 15 MB (halfway between the launches at
+  // 10 and 20 MB) and at 20 MB.
+  const auto merged = vqa::train::profile_with_bucket_bytes(profile, 15e6);
+  ASSERT_EQ(merged.buckets.size(), 2u);
+  EXPECT_NEAR(merged.buckets[0].bytes, 15e6, 1e-6);
+  EXPECT_NEAR(merged.buckets[0].ready_before_end, 0.100, kTolerance);
+  EXPECT_NEAR(merged.buckets[1].bytes, 5e6, 1e-6);
+  EXPECT_NEAR(merged.buckets[1].ready_before_end, 0.050, kTolerance);
+  // Auto size: 20 ms of the bus bandwidth, between 1 and 25 MiB.
+  EXPECT_NEAR(vqa::train::auto_bucket_bytes(Fabric{"f", 0.117, 0, ""}), 2.2 * 1024 * 1024, 1e-6);
+  EXPECT_NEAR(vqa::train::auto_bucket_bytes(Fabric{"f", 0.01, 0, ""}), 1.0 * 1024 * 1024, 1e-6);
+  EXPECT_NEAR(vqa::train::auto_bucket_bytes(Fabric{"f", 450, 0, ""}), 25.0 * 1024 * 1024, 1e-6);
 }
 
 TEST(Projection, JsonRoundTripAndFabricNames) {
@@ -100,6 +130,10 @@ TEST(Projection, JsonRoundTripAndFabricNames) {
   EXPECT_FALSE(vqa::train::fabric_from_text("fast").has_value());
   EXPECT_FALSE(vqa::train::fabric_from_text("0:5").has_value());
   EXPECT_FALSE(vqa::train::fabric_from_text("1:2x").has_value());
+  EXPECT_FALSE(vqa::train::fabric_from_text("1:2:3:4").has_value());
+  const auto with_cpu = vqa::train::fabric_from_text("0.119:20:900");
+  ASSERT_TRUE(with_cpu.has_value());
+  EXPECT_NEAR(with_cpu->cpu_seconds_per_byte, 900e-12, 1e-24);
 }
 
 // A 2-rank report shaped like a run on a slow link: 45 MB of gradients in

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Checks the projection (src/train/projection.h, vqa_project) against
+# measurement on two emulated hosts (jobs/emulated_hosts.sh): for each
+# per-rank batch, one 1-rank run gives the step profile; for each link rate
+# the link is measured (vqa_allreduce_bench across the two hosts: bus
+# bandwidth at 4 MiB, latency of a 4-byte allreduce, CPU time per MB moved),
+# vqa_project predicts
+# the 2-rank samples/s from the profile and those two numbers alone, and a
+# 2-rank run measures it. Prints predicted, measured and the error.
+#
+#   jobs/bench_projection.sh [build-dir] [extra vqa_train flags]
+#
+# Settings (environment):
+#   RATES="none 10gbit 2500mbit 1gbit 500mbit"  link rates (tc; none: the veth unshaped)
+#   BATCHES="8 32"        samples per rank per step
+#   PRESET=small, STEPS=8 (timed steps per epoch; 2 epochs, the first warm-up),
+#   IMAGE_SIZE=96, MAX_LEN=12, OUT_DIR=runs/projection (projection.txt, projection.csv)
+#
+# The 1-rank run uses --bucket-mb 1, so that its profile records when each MiB
+# of gradients is ready, and runs while host 1 runs the same job (the hosts
+# share this machine's caches and memory bandwidth as the 2 ranks will); vqa_project re-cuts it to the buckets the 2-rank run
+# picks itself (--bucket-mb 0, auto). Needs root (network namespaces).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+shift || true
+read -r -a rates <<<"${RATES:-none 10gbit 2500mbit 1gbit 500mbit}"
+read -r -a batches <<<"${BATCHES:-8 32}"
+preset=${PRESET:-small}
+steps=${STEPS:-8}
+image_size=${IMAGE_SIZE:-96}
+max_len=${MAX_LEN:-12}
+out_dir=${OUT_DIR:-runs/projection}
+
+die() {
+  echo "bench_projection.sh: $*" >&2
+  exit 1
+}
+for tool in vqa_prep vqa_train vqa_project vqa_allreduce_bench; do
+  [[ -x $build/$tool ]] || die "$build/$tool not found; build it or pass the build directory"
+done
+[[ $(id -u) -eq 0 ]] || die "needs root (network namespaces)"
+for b in "${batches[@]}"; do [[ $b =~ ^[1-9][0-9]*$ ]] || die "BATCHES must be positive integers"; done
+
+mkdir -p "$out_dir"
+work=$(mktemp -d "${TMPDIR:-/tmp}/vqa-projection-XXXXXX")
+hosts=pj$$
+hosts=${hosts:0:12}
+cleanup() {
+  bash jobs/emulated_hosts.sh down "$hosts" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+bash jobs/emulated_hosts.sh up "$hosts" 2 --owner $$ >/dev/null
+
+max_batch=$(printf '%s\n' "${batches[@]}" | sort -n | tail -n 1)
+"$build/vqa_prep" synth -o "$work/synth.h5" --image-size "$image_size" --max-len "$max_len" \
+  --train-questions $((max_batch * 2 * steps * 2)) --test-questions 16 >/dev/null
+
+# train NAME RANKS BATCH [flags...]: the last epoch's samples/s
+train() {
+  local name=$1 ranks=$2 batch=$3
+  shift 3
+  local args=("$build/vqa_train" --train-data "$work/synth.h5" --out "$work/$name" --preset "$preset"
+    --threads 1 --batch-per-rank "$batch" --global-batch $((batch * ranks)) --epochs 2
+    --max-steps-per-epoch "$steps" --eval-every 0 --save-every 0 --progress off)
+  if ((ranks == 1)); then
+    # Both emulated hosts share one machine (caches, memory bandwidth): the
+    # profile is taken while host 1 runs the same 1-rank job on its own, as a
+    # 2-rank run's ranks compute side by side.
+    bash jobs/emulated_hosts.sh exec "$hosts" 1 mpirun --allow-run-as-root -np 1 --bind-to none \
+      -x OMP_NUM_THREADS=1 "${args[@]/$work\/$name/$work/$name-neighbour}" "$@" \
+      >"$work/$name-neighbour.log" 2>&1 &
+    local neighbour=$!
+    bash jobs/emulated_hosts.sh exec "$hosts" 0 mpirun --allow-run-as-root -np 1 --bind-to none \
+      -x OMP_NUM_THREADS=1 "${args[@]}" "$@" >"$work/$name.log" 2>&1
+    wait "$neighbour" || { cat "$work/$name-neighbour.log" >&2; die "the neighbour of $name failed"; }
+  else
+    bash jobs/emulated_hosts.sh mpirun "$hosts" -x OMP_NUM_THREADS=1 "${args[@]}" "$@" \
+      >"$work/$name.log" 2>&1
+  fi || { cat "$work/$name.log" >&2; die "vqa_train run $name failed"; }
+  python3 -c 'import json, sys; print("%.4f" % json.loads(open(sys.argv[1]).readlines()[-1])["samples_per_second"])' \
+    "$work/$name/metrics.jsonl"
+}
+
+# link_fabric: "BUSGBPS:LATENCYUS:CPUUS_PER_MB" of the link as it is shaped now
+# (the CPU column: what each MB sent and received costs the rank's core).
+link_fabric() {
+  local table
+  table=$(bash jobs/emulated_hosts.sh mpirun "$hosts" "$build/vqa_allreduce_bench" -b 4 -e 4M -f 1024 \
+    -n 5 -r 3 -w 2 --raw false 2>&1) || { echo "$table" >&2; die "vqa_allreduce_bench failed"; }
+  # rows: size count type redop time(us) algbw busbw ...; 4 bytes: one message round at 2 ranks
+  awk '$1 == 4 { latency = $5 } $1 == 4194304 { bus = $7; cpu = $12 }
+       END { printf "%.4f:%.1f:%.0f\n", bus, latency, cpu }' <<<"$table"
+}
+
+echo "batch,rate,fabric,predicted,measured,error_percent" >"$out_dir/projection.csv"
+{
+  echo "# projection check: preset $preset, 2 emulated hosts, 1 thread per rank, $steps timed steps;"
+  echo "# predicted = vqa_project from the 1-rank profile and the link's measured bus bandwidth and latency"
+  printf '%6s %9s %22s %11s %10s %8s\n' batch rate fabric predicted measured error
+} | tee "$out_dir/projection.txt"
+for batch in "${batches[@]}"; do
+  bash jobs/emulated_hosts.sh shape "$hosts" --rate none
+  one=$(train "one-$batch" 1 "$batch" --bucket-mb 1 "$@")
+  for rate in "${rates[@]}"; do
+    bash jobs/emulated_hosts.sh shape "$hosts" --rate "$rate"
+    fabric=$(link_fabric)
+    predicted=$("$build/vqa_project" "$work/one-$batch/diagnosis.json" --fabric "$fabric" \
+      --max-ranks 2 --json | python3 -c 'import json, sys; print("%.4f" % json.load(sys.stdin)["rows"][1]["samples_per_second"])')
+    measured=$(train "two-$batch-$rate" 2 "$batch" "$@")
+    error=$(awk -v p="$predicted" -v m="$measured" 'BEGIN { printf "%+.1f", 100 * (p - m) / m }')
+    echo "$batch,$rate,$fabric,$predicted,$measured,$error" >>"$out_dir/projection.csv"
+    printf '%6s %9s %22s %11.1f %10.1f %7s%%\n' "$batch" "$rate" "$fabric" "$predicted" "$measured" \
+      "$error" | tee -a "$out_dir/projection.txt"
+  done
+  echo "  (batch $batch: 1 rank $one samples/s)" | tee -a "$out_dir/projection.txt"
+done
+echo "wrote $out_dir/projection.txt and $out_dir/projection.csv"
