@@ -219,7 +219,12 @@ std::vector<RankSummary> rank_summaries_gather(runtime::Communicator& comm,
 
 StepProfile step_profile_build(const EpochReport& report, std::vector<BucketProfile> buckets) {
   StepProfile profile;
-  const auto phase = [&](Phase p) { return report.phases[static_cast<int>(p)].mean; };
+  // Rank 0's own phases: its buckets' launch times are measured against its
+  // backward, which on a loaded host can differ from the other ranks'.
+  const auto phase = [&](Phase p) {
+    const int index = static_cast<int>(p);
+    return report.ranks.empty() ? report.phases[index].mean : report.ranks.front().phase_mean[index];
+  };
   profile.data_wait = phase(Phase::kDataWait);
   profile.h2d = phase(Phase::kHostToDevice);
   profile.forward = phase(Phase::kForward);

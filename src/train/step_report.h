@@ -118,8 +118,9 @@ struct EpochReport {
   StepProfile profile;
 };
 
-// The profile of a report's mean rank: its phases, the accumulation and
-// samples of `settings`, and `buckets` (sizes as sent, mean launch times).
+// The profile of rank 0 (whose buckets the run recorded): its phases, the
+// accumulation and samples of `settings`, and `buckets` (sizes as sent, mean
+// launch times before the end of backward).
 StepProfile step_profile_build(const EpochReport& report, std::vector<BucketProfile> buckets);
 
 // Collective: every rank passes its summary; rank 0 gets every rank's (in
