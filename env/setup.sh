@@ -19,7 +19,7 @@ packages=(
   libgtest-dev                          # tests
   shellcheck                            # lint of the job scripts (a test)
   slurmctld slurmd slurm-client munge   # a real single-node Slurm for the cluster-script tests
-  iproute2                              # network namespaces for the partition test
+  iproute2                              # network namespaces, veth and tc: emulated hosts (jobs/emulated_hosts.sh), the partition test
   clang libclang-rt-14-dev              # libFuzzer targets (tests/fuzz)
   gnuplot-nox                           # the scaling report's PNG (jobs/bench_scaling.sh)
   python3 python3-torch                 # tests/slurm's metrics comparison; the PyTorch DDP reference (jobs/ddp_reference.py)
