@@ -131,47 +131,9 @@ run_vqa() {
   metrics_row "$work/$name/metrics.jsonl"
 }
 
-# The DDP reference gets every size of vqa_train's model from its "model:"
-# log line ("model: preset=small hidden=256 ... patch_size=16, N parameters"),
-# the bucket size from its config.ini, then DDP_FLAGS (which win). Both
-# models must have the same parameter count, or the comparison means nothing:
-# ddp_setup RUN_DIR sets ddp_flags and parameters, or stops the script.
-ddp_flags=()
-parameters=""
-ddp_setup() {
-  local run=$1 line theirs
-  line=$(grep -m 1 '^model: ' "$run/train.log") || die "no 'model: ...' line in $run/train.log"
-  parameters=$(sed -nE 's/^model: .*, ([0-9]+) parameters$/\1/p' <<<"$line")
-  [[ -n $parameters ]] || die "no parameter count in: $line"
-  [[ $line == *input=pixels* ]] || die "the DDP reference covers pixel input only: $line"
-  # vqa_train's bucket size, or with --bucket-mb 0 (auto) DDP's own default, 25 MiB.
-  local ddp_bucket_mb
-  ddp_bucket_mb=$(sed -nE 's/^bucket-mb = //p' "$run/config.ini")
-  [[ $ddp_bucket_mb == 0 ]] && ddp_bucket_mb=25
-  ddp_flags=(--preset "$preset" --batch-per-rank "$batch" --question-length "$question_length"
-    --attention "$ddp_attention"
-    --bucket-mb "$ddp_bucket_mb")
-  local field
-  for field in hidden heads ffn vision_layers text_layers fusion_layers vocab_size \
-    max_text_length num_answers image_size patch_size dropout; do
-    local value
-    value=$(sed -nE "s/.* ${field}=([0-9.eE+-]+)[ ,].*/\1/p" <<<"$line")
-    [[ -n $value ]] || die "no $field in: $line"
-    ddp_flags+=("--${field//_/-}" "$value")
-  done
-  local extra
-  read -r -a extra <<<"${DDP_FLAGS:-}"
-  ddp_flags+=("${extra[@]}")
-  theirs=$("$python" jobs/ddp_reference.py "${ddp_flags[@]}" --count-only |
-    "$json_python" -c 'import json, sys; print(json.load(sys.stdin)["parameters"])') ||
-    die "jobs/ddp_reference.py ${ddp_flags[*]} --count-only failed"
-  if [[ $parameters != "$theirs" ]]; then
-    echo "vqa_train:        $line" >&2
-    echo "ddp_reference.py: $("$python" jobs/ddp_reference.py "${ddp_flags[@]}" --count-only)" >&2
-    die "PARAMETER COUNTS DIFFER: vqa_train $parameters, jobs/ddp_reference.py $theirs; the two models are not the same, so no comparison"
-  fi
-  echo "parameter counts agree: vqa_train and jobs/ddp_reference.py both $parameters" >&2
-}
+# ddp_setup RUN_DIR: the DDP reference's flags from a vqa_train run, parameter counts checked.
+# shellcheck source=jobs/ddp_setup.sh
+source jobs/ddp_setup.sh
 
 # run_ddp NAME RANKS -> prints the DDP reference's samples/s
 run_ddp() {
