@@ -7,11 +7,7 @@
 
 #include <c10/util/BFloat16.h>
 
-#include <pthread.h>
-#include <sched.h>
-
 #include <algorithm>
-#include <cstring>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -85,7 +81,6 @@ class MpiCommunicator final : public Communicator {
     VQA_CHECK_MPI(MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_op_));
     tracker_ = std::make_unique<CollectiveTracker>(*this);
     progress_thread_ = std::thread([this] { progress_loop(); });
-    if (algorithm_ == MpiAllreduce::kRing) raise_progress_thread_priority();
   }
 
   ~MpiCommunicator() override {
@@ -157,8 +152,7 @@ class MpiCommunicator final : public Communicator {
       }
     }
     segment_bytes_ = best_segment;
-    return text + " using " + std::to_string(segment_bytes_ >> 10) + " KiB" +
-           (priority_note_.empty() ? "" : "; " + priority_note_);
+    return text + " using " + std::to_string(segment_bytes_ >> 10) + " KiB";
   }
 
   void broadcast(const torch::Tensor& buffer, int root) override {
@@ -207,23 +201,6 @@ class MpiCommunicator final : public Communicator {
                   std::string(c10::toString(buffer.scalar_type())));
   }
 
-  // The ring's progress thread at real-time priority (SCHED_FIFO 1) where the
-  // process may: on a CPU rank it shares its core with compute, and a segment
-  // that waits for the thread to be scheduled leaves the link idle (measured
-  // on a 1 Gbit/s link: gradient allreduces at 0.099-0.115 GB/s bus bandwidth
-  // and 55.2-60.2 samples/s at normal priority, 0.120-0.121 GB/s and 59.1-59.5
-  // samples/s at real-time). It never spins (mpi_wait_sleeping), so compute
-  // keeps the rest of the core. Without the permission (CAP_SYS_NICE; most
-  // batch jobs) it stays at normal priority, and the log says so.
-  void raise_progress_thread_priority() {
-    sched_param param{};
-    param.sched_priority = 1;
-    const int rc = pthread_setschedparam(progress_thread_.native_handle(), SCHED_FIFO, &param);
-    priority_note_ = rc == 0 ? "progress thread at real-time priority (SCHED_FIFO 1)"
-                             : std::string("progress thread at normal priority (SCHED_FIFO: ") +
-                                   std::strerror(rc) + ")";
-  }
-
   // Collectives on comm_ must not interleave with the progress thread's, so
   // blocking calls from the main thread first wait for the queue to empty.
   void drain() {
@@ -267,20 +244,10 @@ class MpiCommunicator final : public Communicator {
     } else {
       const MPI_Datatype type = is_bf16 ? MPI_UINT16_T : MPI_FLOAT;
       const MPI_Op op = is_bf16 ? bf16_sum_op_ : MPI_SUM;
-      // On the progress thread of the ring (real-time priority) a small
-      // bucket must not spin in MPI_Allreduce: it would hold the core.
-      const bool sleeping_wait = pending.work && algorithm_ == MpiAllreduce::kRing;
       for (int64_t offset = 0; offset < buffer.numel(); offset += kMaxElementsPerCall) {
         const int count = static_cast<int>(std::min(kMaxElementsPerCall, buffer.numel() - offset));
-        if (sleeping_wait) {
-          MPI_Request request = MPI_REQUEST_NULL;
-          VQA_CHECK_MPI_IN(*tracker_, MPI_Iallreduce(MPI_IN_PLACE, data + offset * element_size,
-                                                     count, type, op, comm_, &request));
-          mpi_wait_sleeping(&request, 1, *tracker_);
-        } else {
-          VQA_CHECK_MPI_IN(*tracker_, MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size,
-                                                    count, type, op, comm_));
-        }
+        VQA_CHECK_MPI_IN(*tracker_, MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size,
+                                                  count, type, op, comm_));
       }
     }
     tracker_->end(sequence);
@@ -293,7 +260,6 @@ class MpiCommunicator final : public Communicator {
 
   MpiAllreduce algorithm_;
   int64_t segment_bytes_ = kRingSegmentLarge;  // tune_allreduce may change it
-  std::string priority_note_;                   // raise_progress_thread_priority's outcome
   std::vector<char> ring_scratch_;  // the ring's receive buffer, reused (progress thread or drained caller)
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Op bf16_sum_op_ = MPI_OP_NULL;

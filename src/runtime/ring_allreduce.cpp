@@ -53,9 +53,7 @@ void add_into(char* destination, const char* source, int64_t count, RingElement 
 // three runs against 52.3-60.0 with 200 us) for four times the wake-ups.
 constexpr int kMaxPollSleepMicroseconds = 200;
 
-}  // namespace
-
-void mpi_wait_sleeping(MPI_Request* requests, int count, CollectiveTracker& tracker) {
+void wait_without_spinning(MPI_Request* requests, int count, CollectiveTracker& tracker) {
   int sleep_us = 2;
   for (;;) {
     int done = 0;
@@ -65,6 +63,8 @@ void mpi_wait_sleeping(MPI_Request* requests, int count, CollectiveTracker& trac
     sleep_us = std::min(2 * sleep_us, kMaxPollSleepMicroseconds);
   }
 }
+
+}  // namespace
 
 // 2(n-1) steps. At step t every rank receives chunk (rank - t - 1) mod n from
 // its left neighbour and sends chunk (rank - t) mod n to its right one: in the
@@ -119,7 +119,7 @@ void ring_allreduce_sum(void* data, int64_t count, RingElement type, int64_t seg
     }
     next_sends.clear();
     for (size_t k = 0; k < parts.size(); ++k) {
-      mpi_wait_sleeping(&receives[k], 1, tracker);
+      wait_without_spinning(&receives[k], 1, tracker);
       if (reduce) {
         add_into(bytes + parts[k].begin * element,
                  scratch.data() + (parts[k].begin - chunk_begin) * element, parts[k].count, type);
@@ -127,7 +127,7 @@ void ring_allreduce_sum(void* data, int64_t count, RingElement type, int64_t seg
       if (t + 1 < steps) post_send(parts[k], next_sends);
     }
     // This step's sends are done before a later step receives into their chunk.
-    mpi_wait_sleeping(sends.data(), static_cast<int>(sends.size()), tracker);
+    wait_without_spinning(sends.data(), static_cast<int>(sends.size()), tracker);
     sends.swap(next_sends);
   }
 }

@@ -42,9 +42,4 @@ constexpr int64_t kRingSegmentEager = int64_t{60} << 10;
 void ring_allreduce_sum(void* data, int64_t count, RingElement type, int64_t segment_bytes,
                         MPI_Comm comm, std::vector<char>& scratch, CollectiveTracker& tracker);
 
-// Waits for `count` requests without spinning: MPI_Testall, then a sleep of
-// 2 us doubling to 200 us, so that the core stays free for compute (and a
-// thread at real-time priority never starves it).
-void mpi_wait_sleeping(MPI_Request* requests, int count, CollectiveTracker& tracker);
-
 }  // namespace vqa::runtime
