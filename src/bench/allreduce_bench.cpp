@@ -198,17 +198,16 @@ int main(int argc, char** argv) {
         "x %d timed iterations per size (median round)\n",
         n, vqa::runtime::backend_name(comm->backend()),
         comm->backend() == vqa::runtime::Backend::kMpi ? config.mpi_allreduce.c_str() : "nccl",
-        device.str().c_str(), config.warmup_iters,
-        config.rounds, config.iters);
+        device.str().c_str(), config.warmup_iters, config.rounds, config.iters);
     std::printf(
         "# time = blocking allreduce; async = allreduce_async + wait (progress thread);\n"
         "# busbw = algbw * 2(n-1)/n; raw = MPI_Allreduce on the same buffer; "
         "ratio = time / raw;\n# cpu = this process's CPU time (all threads, user + system) per MB "
         "sent and received, 2(n-1)/n of the size (the busiest rank's)\n");
     if (!tuning.empty()) std::printf("# %s\n", tuning.c_str());
-    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s %10s\n", "size(B)", "count", "type",
-                "redop", "time(us)", "algbw", "busbw", "#wrong", "async(us)", "raw(us)", "ratio",
-                "cpu");
+    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s %10s\n", "size(B)", "count",
+                "type", "redop", "time(us)", "algbw", "busbw", "#wrong", "async(us)", "raw(us)",
+                "ratio", "cpu");
     std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s %10s\n", "", "(elements)", "", "",
                 "", "(GB/s)", "(GB/s)", "", "", "", "", "(us/MB)");
   }

@@ -122,8 +122,7 @@ class Communicator {
 // Creates the communicator for `requested` (kAuto: from the device). Every
 // rank must call it at the same point; the NCCL backend shares rank 0's
 // unique id with MPI_Bcast and binds this rank to GPU local_rank.
-std::unique_ptr<Communicator> communicator_create(
-    Backend requested, const torch::Device& device,
-    MpiAllreduce mpi_allreduce = MpiAllreduce::kRing);
+std::unique_ptr<Communicator> communicator_create(Backend requested, const torch::Device& device,
+                                                  MpiAllreduce mpi_allreduce = MpiAllreduce::kRing);
 
 }  // namespace vqa::runtime

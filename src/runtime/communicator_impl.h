@@ -7,8 +7,7 @@
 
 namespace vqa::runtime {
 
-std::unique_ptr<Communicator> mpi_communicator_create(const RankInfo& info,
-                                                     MpiAllreduce algorithm);
+std::unique_ptr<Communicator> mpi_communicator_create(const RankInfo& info, MpiAllreduce algorithm);
 // Defined only when the NCCL backend is built (VQA_HAVE_NCCL).
 std::unique_ptr<Communicator> nccl_communicator_create(const RankInfo& info);
 int nccl_cuda_device_count();

@@ -143,8 +143,8 @@ class MpiCommunicator final : public Communicator {
       char line[96];
       std::snprintf(line, sizeof(line), " %lld KiB %.3f GB/s bus bandwidth;",
                     static_cast<long long>(candidate >> 10),
-                    static_cast<double>(buffer.nbytes()) / median * 2.0 *
-                        (info_.world_size - 1) / info_.world_size / 1e9);
+                    static_cast<double>(buffer.nbytes()) / median * 2.0 * (info_.world_size - 1) /
+                        info_.world_size / 1e9);
       text += line;
       if (best_seconds == 0.0 || median < best_seconds) {
         best_seconds = median;
@@ -246,8 +246,8 @@ class MpiCommunicator final : public Communicator {
       const MPI_Op op = is_bf16 ? bf16_sum_op_ : MPI_SUM;
       for (int64_t offset = 0; offset < buffer.numel(); offset += kMaxElementsPerCall) {
         const int count = static_cast<int>(std::min(kMaxElementsPerCall, buffer.numel() - offset));
-        VQA_CHECK_MPI_IN(*tracker_, MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size,
-                                                  count, type, op, comm_));
+        VQA_CHECK_MPI_IN(*tracker_, MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size, count,
+                                                  type, op, comm_));
       }
     }
     tracker_->end(sequence);
@@ -260,7 +260,8 @@ class MpiCommunicator final : public Communicator {
 
   MpiAllreduce algorithm_;
   int64_t segment_bytes_ = kRingSegmentLarge;  // tune_allreduce may change it
-  std::vector<char> ring_scratch_;  // the ring's receive buffer, reused (progress thread or drained caller)
+  std::vector<char>
+      ring_scratch_;  // the ring's receive buffer, reused (progress thread or drained caller)
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Op bf16_sum_op_ = MPI_OP_NULL;
   std::unique_ptr<CollectiveTracker> tracker_;
@@ -276,7 +277,7 @@ class MpiCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> mpi_communicator_create(const RankInfo& info,
-                                                     MpiAllreduce algorithm) {
+                                                      MpiAllreduce algorithm) {
   return std::make_unique<MpiCommunicator>(info, algorithm);
 }
 

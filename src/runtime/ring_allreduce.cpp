@@ -96,9 +96,9 @@ void ring_allreduce_sum(void* data, int64_t count, RingElement type, int64_t seg
   };
   const auto post_send = [&](const Span& part, std::vector<MPI_Request>& requests) {
     requests.emplace_back();
-    VQA_CHECK_MPI_IN(tracker, MPI_Isend(bytes + part.begin * element,
-                                        static_cast<int>(part.count * element), MPI_BYTE, right,
-                                        kRingTag, comm, &requests.back()));
+    VQA_CHECK_MPI_IN(tracker,
+                     MPI_Isend(bytes + part.begin * element, static_cast<int>(part.count * element),
+                               MPI_BYTE, right, kRingTag, comm, &requests.back()));
   };
 
   const int steps = 2 * (n - 1);
@@ -113,9 +113,8 @@ void ring_allreduce_sum(void* data, int64_t count, RingElement type, int64_t seg
     for (size_t k = 0; k < parts.size(); ++k) {
       char* target = reduce ? scratch.data() + (parts[k].begin - chunk_begin) * element
                             : bytes + parts[k].begin * element;
-      VQA_CHECK_MPI_IN(tracker,
-                       MPI_Irecv(target, static_cast<int>(parts[k].count * element), MPI_BYTE,
-                                 left, kRingTag, comm, &receives[k]));
+      VQA_CHECK_MPI_IN(tracker, MPI_Irecv(target, static_cast<int>(parts[k].count * element),
+                                          MPI_BYTE, left, kRingTag, comm, &receives[k]));
     }
     next_sends.clear();
     for (size_t k = 0; k < parts.size(); ++k) {

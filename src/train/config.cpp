@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <sstream>
 
-#include "runtime/check.h"       // fatal_user_error
-#include "train/projection.h"    // fabric_from_text
-#include "util/options.h"        // OptionTable, option_text
+#include "runtime/check.h"     // fatal_user_error
+#include "train/projection.h"  // fabric_from_text
+#include "util/options.h"      // OptionTable, option_text
 
 namespace vqa::train {
 
@@ -172,9 +172,11 @@ void config_finalize(TrainConfig& c, int world_size) {
                      std::to_string(c.timeline_steps));
   }
   if (c.project_fabric != "auto" && !fabric_from_text(c.project_fabric)) {
-    fatal_user_error("--project-fabric must be auto, a preset (nvlink-h100, ib-ndr, ib-hdr, "
-                     "100gbe, 25gbe, 10gbe, 1gbe, pcie-no-p2p) or BUSGBPS:LATENCYUS with a positive "
-                     "bandwidth, got '" + c.project_fabric + "'");
+    fatal_user_error(
+        "--project-fabric must be auto, a preset (nvlink-h100, ib-ndr, ib-hdr, "
+        "100gbe, 25gbe, 10gbe, 1gbe, pcie-no-p2p) or BUSGBPS:LATENCYUS with a positive "
+        "bandwidth, got '" +
+        c.project_fabric + "'");
   }
   if (c.timeline_first_step < 0) {
     fatal_user_error("--timeline-first-step must be >= 0, got " +

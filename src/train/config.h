@@ -44,11 +44,11 @@ struct TrainConfig {
   std::string optimizer_recipe = "vqa-hpc";  // vqa-hpc | m3ae (optimizer.h)
   uint64_t seed = 42;
   // distributed
-  std::string device = "auto";   // auto | cpu | cuda
-  std::string backend = "auto";  // auto | mpi | nccl
+  std::string device = "auto";         // auto | cpu | cuda
+  std::string backend = "auto";        // auto | mpi | nccl
   std::string mpi_allreduce = "ring";  // ring | library (runtime::MpiAllreduce)
-  int threads = 0;               // CPU threads per rank; 0: host cores / ranks on the host
-  double bucket_mb = 0.0;  // 0: auto, from the start-up probe (gradient_bucket_mb)
+  int threads = 0;                     // CPU threads per rank; 0: host cores / ranks on the host
+  double bucket_mb = 0.0;              // 0: auto, from the start-up probe (gradient_bucket_mb)
   bool bf16_allreduce = false;
   bool bf16_autocast = false;     // GPU only
   bool packed_attention = false;  // one GEMM for q, k, v (measured slower on CPU: README)
@@ -57,16 +57,16 @@ struct TrainConfig {
   // loop, evaluation, output
   int eval_every = 1;
   int save_every = 1;
-  int keep_checkpoints = 3;          // newest checkpoints kept in <out>/checkpoints; 0: all
-  int64_t max_steps_per_epoch = 0;   // 0: whole epoch (benchmarks cap it)
-  int64_t log_every_steps = 0;       // 0: only per-epoch lines
-  std::string progress = "auto";     // auto | on | off: the in-place progress bar on rank 0
-  bool phase_timers = true;          // per-step phase timers, epoch summary and diagnosis
-  std::string timeline;              // Chrome trace-event JSON file; "" none
+  int keep_checkpoints = 3;             // newest checkpoints kept in <out>/checkpoints; 0: all
+  int64_t max_steps_per_epoch = 0;      // 0: whole epoch (benchmarks cap it)
+  int64_t log_every_steps = 0;          // 0: only per-epoch lines
+  std::string progress = "auto";        // auto | on | off: the in-place progress bar on rank 0
+  bool phase_timers = true;             // per-step phase timers, epoch summary and diagnosis
+  std::string timeline;                 // Chrome trace-event JSON file; "" none
   std::string project_fabric = "auto";  // projection's fabric: auto | preset | GBPS:LATENCYUS
-  int64_t timeline_first_step = 10;  // first global optimiser step in the timeline
-  int64_t timeline_steps = 5;        // optimiser steps in the timeline
-  std::string nonfinite = "stop";    // stop | skip | off: a non-finite loss or gradient
+  int64_t timeline_first_step = 10;     // first global optimiser step in the timeline
+  int64_t timeline_steps = 5;           // optimiser steps in the timeline
+  std::string nonfinite = "stop";       // stop | skip | off: a non-finite loss or gradient
   std::string out = "runs/quickstart";
   std::string resume;       // "" none, "auto" latest in --out, or a checkpoint file
   std::string init_from;    // weights to start from: M3AE .safetensors, or a vqa-hpc .pt

@@ -203,7 +203,8 @@ int64_t GradientSynchronizer::memory_bytes() const {
 
 std::vector<int64_t> GradientSynchronizer::bucket_bytes() const {
   std::vector<int64_t> sizes;
-  for (const auto& bucket : buckets_) sizes.push_back(bucket.flat.numel() * (options_.bf16 ? 2 : 4));
+  for (const auto& bucket : buckets_)
+    sizes.push_back(bucket.flat.numel() * (options_.bf16 ? 2 : 4));
   return sizes;
 }
 

@@ -76,8 +76,9 @@ int main(int argc, char** argv) {
   model::set_packed_projections(*model, config.packed_attention);
   const std::string initialized_from = train::init_model_if_asked(config, model, log);
   model->to(device);
-  auto comm = runtime::communicator_create(runtime::backend_from_string(config.backend), device,
-                                           runtime::mpi_allreduce_from_string(config.mpi_allreduce));
+  auto comm =
+      runtime::communicator_create(runtime::backend_from_string(config.backend), device,
+                                   runtime::mpi_allreduce_from_string(config.mpi_allreduce));
   train::broadcast_module_state(*model, *comm);
   train::VqaOptimizer optimizer(
       model, train::optimizer_settings_from(config, steps_per_epoch * config.epochs));

@@ -35,7 +35,8 @@ int fail(const std::string& message) {
 int main(int argc, char** argv) {
   ProjectOptions options;
   vqa::util::OptionTable table("vqa_project options");
-  table.add_required("diagnosis", &options.diagnosis, "a run's diagnosis.json (vqa_train writes it)")
+  table
+      .add_required("diagnosis", &options.diagnosis, "a run's diagnosis.json (vqa_train writes it)")
       .add("fabric", &options.fabric,
            "a preset (nvlink-h100, ib-ndr, ib-hdr, 100gbe, 25gbe, 10gbe, 1gbe, pcie-no-p2p) or "
            "BUSGBPS:LATENCYUS, e.g. 0.117:50")

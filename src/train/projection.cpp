@@ -16,7 +16,8 @@ constexpr double kBottleneckShare = 0.05;
 double ring_seconds(double bytes, const Fabric& fabric, int ranks, double* latency_part) {
   if (ranks < 2) return 0.0;
   const double steps = 2.0 * (ranks - 1);
-  const double bandwidth = fabric.bus_gbps > 0 ? steps / ranks * bytes / (fabric.bus_gbps * 1e9) : 0;
+  const double bandwidth =
+      fabric.bus_gbps > 0 ? steps / ranks * bytes / (fabric.bus_gbps * 1e9) : 0;
   const double latency = steps * fabric.latency_seconds;
   if (latency_part) *latency_part += latency;
   return bandwidth + latency;
@@ -28,7 +29,8 @@ const std::vector<Fabric>& fabric_presets() {
   // Bus bandwidths as nccl-tests reports them for large allreduces; latencies
   // per ring step. README.md ("Projection to N ranks") gives the sources.
   static const std::vector<Fabric> presets = {
-      {"nvlink-h100", 450.0, 5e-6, "8x H100/H200 SXM, NVLink 4 + NVSwitch: nccl-tests busbw 370-480 GB/s"},
+      {"nvlink-h100", 450.0, 5e-6,
+       "8x H100/H200 SXM, NVLink 4 + NVSwitch: nccl-tests busbw 370-480 GB/s"},
       {"ib-ndr", 47.0, 8e-6, "InfiniBand NDR 400 Gb/s, one NIC per GPU: busbw ~46-48 GB/s"},
       {"ib-hdr", 24.0, 8e-6, "InfiniBand HDR 200 Gb/s, one NIC per GPU: busbw ~23-24 GB/s"},
       {"100gbe", 11.5, 15e-6, "100 Gbit/s Ethernet (RoCE): ~92% of 12.5 GB/s"},
@@ -86,8 +88,7 @@ LinkSchedule link_schedule(const StepProfile& profile, const Fabric& fabric, int
   LinkSchedule link;
   const double stretch = profile.last_backward > 0 ? backward / profile.last_backward : 1.0;
   for (const auto& bucket : profile.buckets) {
-    const double ready =
-        std::max(0.0, (profile.last_backward - bucket.ready_before_end) * stretch);
+    const double ready = std::max(0.0, (profile.last_backward - bucket.ready_before_end) * stretch);
     const double seconds = ring_seconds(bucket.bytes, fabric, ranks, &link.latency);
     const double start = std::max(link.end, ready);
     link.comm += seconds;
@@ -135,7 +136,8 @@ ProjectedStep project_step(const StepProfile& profile, const Fabric& fabric, int
 std::vector<ProjectedStep> project_scaling(const StepProfile& profile, const Fabric& fabric,
                                            int max_ranks) {
   std::vector<ProjectedStep> rows;
-  for (int ranks = 1; ranks <= max_ranks; ranks *= 2) rows.push_back(project_step(profile, fabric, ranks));
+  for (int ranks = 1; ranks <= max_ranks; ranks *= 2)
+    rows.push_back(project_step(profile, fabric, ranks));
   return rows;
 }
 
@@ -168,8 +170,9 @@ StepProfile profile_with_bucket_bytes(const StepProfile& profile, double bucket_
 
 double auto_bucket_bytes(const Fabric& fabric) {
   constexpr double kMiB = 1024.0 * 1024.0;
-  return kMiB * std::clamp(std::round(10.0 * fabric.bus_gbps * 1e9 * kAutoBucketSeconds / kMiB) / 10.0,
-                           kAutoBucketMinMiB, kAutoBucketMaxMiB);
+  return kMiB *
+         std::clamp(std::round(10.0 * fabric.bus_gbps * 1e9 * kAutoBucketSeconds / kMiB) / 10.0,
+                    kAutoBucketMinMiB, kAutoBucketMaxMiB);
 }
 
 StepProfile profile_with_bytes_scaled(const StepProfile& profile, double factor) {
@@ -195,7 +198,8 @@ nlohmann::json projection_json(const StepProfile& profile, const Fabric& fabric,
                                const std::vector<ProjectedStep>& rows) {
   nlohmann::json buckets = nlohmann::json::array();
   for (const auto& bucket : profile.buckets) {
-    buckets.push_back({{"bytes", bucket.bytes}, {"ready_before_end_seconds", bucket.ready_before_end}});
+    buckets.push_back(
+        {{"bytes", bucket.bytes}, {"ready_before_end_seconds", bucket.ready_before_end}});
   }
   nlohmann::json table = nlohmann::json::array();
   for (const auto& row : rows) {
@@ -253,9 +257,10 @@ std::vector<std::string> projection_lines(const Fabric& fabric,
                                           const std::vector<ProjectedStep>& rows) {
   std::vector<std::string> lines;
   char line[256];
-  std::snprintf(line, sizeof(line),
-                "  projection on %s (bus %.3g GB/s, %.0f us per ring step; %s):", fabric.name.c_str(),
-                fabric.bus_gbps, fabric.latency_seconds * 1e6, fabric.source.c_str());
+  std::snprintf(
+      line, sizeof(line),
+      "  projection on %s (bus %.3g GB/s, %.0f us per ring step; %s):", fabric.name.c_str(),
+      fabric.bus_gbps, fabric.latency_seconds * 1e6, fabric.source.c_str());
   lines.push_back(line);
   lines.push_back("    ranks   step_ms  comm_ms  exposed_ms   samples/s  efficiency  bottleneck");
   for (const auto& row : rows) {

@@ -44,16 +44,16 @@ std::optional<Fabric> fabric_from_text(const std::string& text);
 
 // One gradient bucket as the run saw it.
 struct BucketProfile {
-  double bytes = 0.0;                 // sent per step (bfloat16 counted as 2 bytes)
-  double ready_before_end = 0.0;      // seconds before the end of backward it was launched
+  double bytes = 0.0;             // sent per step (bfloat16 counted as 2 bytes)
+  double ready_before_end = 0.0;  // seconds before the end of backward it was launched
 };
 
 // The run's numbers the model needs (means over ranks, per optimiser step).
 struct StepProfile {
   double data_wait = 0.0, h2d = 0.0, forward = 0.0, backward = 0.0, optimizer = 0.0;
   int64_t accumulation_steps = 1;
-  double last_backward = 0.0;         // backward of the micro-step that sends (seconds)
-  int64_t samples_per_rank_step = 0;  // samples one rank computes per optimiser step
+  double last_backward = 0.0;          // backward of the micro-step that sends (seconds)
+  int64_t samples_per_rank_step = 0;   // samples one rank computes per optimiser step
   std::vector<BucketProfile> buckets;  // in launch order
   double compute() const { return data_wait + h2d + forward + backward + optimizer; }
 };
@@ -64,8 +64,8 @@ struct ProjectedStep {
   double comm_seconds = 0.0;     // all buckets' allreduce time
   double exposed_seconds = 0.0;  // of which after backward
   double samples_per_second = 0.0;
-  double efficiency = 1.0;       // S_n / (n x S_1)
-  std::string bottleneck;        // compute | link bandwidth | link latency
+  double efficiency = 1.0;  // S_n / (n x S_1)
+  std::string bottleneck;   // compute | link bandwidth | link latency
 };
 
 // The step at `ranks` ranks on `fabric`.

@@ -55,8 +55,9 @@ std::vector<BucketProfile> bucket_profiles(const GradientSynchronizer& gradients
   std::vector<BucketProfile> buckets;
   if (steps <= 0) return buckets;
   for (size_t k = 0; k < sizes.size(); ++k) {
-    const double sum = now.ready_before_end_sums[k] -
-                       (k < before.ready_before_end_sums.size() ? before.ready_before_end_sums[k] : 0.0);
+    const double sum =
+        now.ready_before_end_sums[k] -
+        (k < before.ready_before_end_sums.size() ? before.ready_before_end_sums[k] : 0.0);
     buckets.push_back({static_cast<double>(sizes[k]), sum / static_cast<double>(steps)});
   }
   return buckets;
@@ -88,10 +89,9 @@ void report_epoch_steps(TrainingParts& parts, int64_t epoch, const EpochStats& s
   const int64_t timed = sync.timed_steps - sync_before.timed_steps;
   const double allreduce_seconds =
       timed > 0 ? (sync.allreduce_seconds - sync_before.allreduce_seconds) / timed : 0.0;
-  RankSummary mine = rank_summary_build(parts.comm.rank(), stats.step_times,
-                                        config.batch_per_rank * config.accumulation_steps,
-                                        eval_seconds, allreduce_seconds,
-                                        parts.device.is_cuda() ? 0.0 : stats.compute_cpu_seconds);
+  RankSummary mine = rank_summary_build(
+      parts.comm.rank(), stats.step_times, config.batch_per_rank * config.accumulation_steps,
+      eval_seconds, allreduce_seconds, parts.device.is_cuda() ? 0.0 : stats.compute_cpu_seconds);
   // This epoch's peak (training and its evaluation); the next epoch starts afresh.
   const runtime::MemoryPeak peak = runtime::memory_peak_and_reset(parts.device);
   mine.peak_memory_bytes = peak.bytes;
@@ -104,9 +104,9 @@ void report_epoch_steps(TrainingParts& parts, int64_t epoch, const EpochStats& s
   settings.global_batch = config.global_batch;
   settings.accumulation_steps = config.accumulation_steps;
   settings.cpu_backend = !parts.device.is_cuda();
-  auto report = epoch_report_build(epoch, parts.device.is_cuda(), summaries,
-                                   config.no_comm ? 0 : sync.bytes_per_step, probe.bus_gbps,
-                                   probe.bytes, settings, bucket_profiles(parts.gradients, sync_before));
+  auto report = epoch_report_build(
+      epoch, parts.device.is_cuda(), summaries, config.no_comm ? 0 : sync.bytes_per_step,
+      probe.bus_gbps, probe.bytes, settings, bucket_profiles(parts.gradients, sync_before));
   report.memory.source = peak.source;
   for (const auto& parameter : parts.model->parameters()) {
     report.memory.parameters += static_cast<int64_t>(parameter.nbytes());

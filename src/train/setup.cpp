@@ -284,8 +284,8 @@ double gradient_bucket_mb(const TrainConfig& config, runtime::Communicator& comm
   comm.tune_allreduce(probe_bytes);
   const double gbps = allreduce_probe_bus_gbps(comm, probe_bytes, device, /*repeats=*/3);
   // The auto size is in bytes sent; --bucket-mb counts float32 gradient bytes.
-  const double mib =
-      std::min(kAutoBucketMaxMiB, auto_bucket_bytes(Fabric{"measured", gbps, 0.0, ""}) / wire / kMiB);
+  const double mib = std::min(kAutoBucketMaxMiB,
+                              auto_bucket_bytes(Fabric{"measured", gbps, 0.0, ""}) / wire / kMiB);
   char line[200];
   std::snprintf(line, sizeof(line),
                 "gradient buckets: --bucket-mb 0 (auto): %.1f MiB, %.0f ms at the %.3g GB/s bus "

@@ -61,23 +61,25 @@ std::pair<std::string, nlohmann::json> communication_remedies(const EpochReport&
     remedy.exposed_seconds = exposed_with(changed);
     remedy.step_seconds =
         step - exposed + (changed.compute() - profile.compute()) + remedy.exposed_seconds;
-    const double samples_factor = static_cast<double>(changed.samples_per_rank_step) /
-                                  static_cast<double>(std::max<int64_t>(1, profile.samples_per_rank_step));
+    const double samples_factor =
+        static_cast<double>(changed.samples_per_rank_step) /
+        static_cast<double>(std::max<int64_t>(1, profile.samples_per_rank_step));
     remedy.gain = remedy.step_seconds > 0 ? samples_factor * step / remedy.step_seconds : 1.0;
     return remedy;
   };
 
   std::vector<Remedy> remedies;
   if (!settings.bf16_allreduce) {
-    remedies.push_back(priced ? priced_remedy("--bf16-allreduce", profile_with_bytes_scaled(profile, 0.5))
-                              : Remedy{"--bf16-allreduce"});
+    remedies.push_back(
+        priced ? priced_remedy("--bf16-allreduce", profile_with_bytes_scaled(profile, 0.5))
+               : Remedy{"--bf16-allreduce"});
   }
   if (priced) {
     Remedy best;
     const double wire = settings.bf16_allreduce ? 0.5 : 1.0;
     for (double mb = settings.bucket_mb / 2; mb >= 0.5; mb /= 2) {
-      Remedy candidate = priced_remedy(
-          format("--bucket-mb %g", mb), profile_with_bucket_bytes(profile, mb * 1024 * 1024 * wire));
+      Remedy candidate = priced_remedy(format("--bucket-mb %g", mb),
+                                       profile_with_bucket_bytes(profile, mb * 1024 * 1024 * wire));
       if (candidate.gain > best.gain) best = candidate;
     }
     if (!best.option.empty()) remedies.push_back(best);
@@ -110,14 +112,15 @@ std::pair<std::string, nlohmann::json> communication_remedies(const EpochReport&
     }
   }
   if (text.empty()) {
-    return {"No option gains 5% or more here: the link is the limit (see the projection for "
-            "faster fabrics).",
-            list};
+    return {
+        "No option gains 5% or more here: the link is the limit (see the projection for "
+        "faster fabrics).",
+        list};
   }
-  return {(priced ? "Remedies (expected, from the measured phases and bandwidth): "
-                  : "Remedies: ") +
-              text + ".",
-          list};
+  return {
+      (priced ? "Remedies (expected, from the measured phases and bandwidth): " : "Remedies: ") +
+          text + ".",
+      list};
 }
 
 }  // namespace
@@ -183,11 +186,11 @@ RankSummary rank_summary_build(int rank, const std::vector<StepTimes>& steps,
   summary.step_p95 = step.p95;
   summary.own_mean = summary.step_mean - summary.phase_mean[static_cast<int>(Phase::kCommExposed)];
   summary.samples_per_second = share(static_cast<double>(samples_per_step), step.mean);
-  const double compute_wall =
-      (summary.phase_mean[static_cast<int>(Phase::kForward)] +
-       summary.phase_mean[static_cast<int>(Phase::kBackward)]) *
-      static_cast<double>(steps.size());
-  summary.compute_cpu_share = compute_cpu_seconds > 0 ? share(compute_cpu_seconds, compute_wall) : 0.0;
+  const double compute_wall = (summary.phase_mean[static_cast<int>(Phase::kForward)] +
+                               summary.phase_mean[static_cast<int>(Phase::kBackward)]) *
+                              static_cast<double>(steps.size());
+  summary.compute_cpu_share =
+      compute_cpu_seconds > 0 ? share(compute_cpu_seconds, compute_wall) : 0.0;
   return summary;
 }
 
@@ -197,8 +200,8 @@ std::vector<RankSummary> rank_summaries_gather(runtime::Communicator& comm,
   text.precision(17);
   text << mine.rank << ' ' << mine.steps << ' ' << mine.step_mean << ' ' << mine.step_p50 << ' '
        << mine.step_p95 << ' ' << mine.own_mean << ' ' << mine.samples_per_second << ' '
-       << mine.eval_seconds << ' ' << mine.allreduce_seconds << ' ' << mine.peak_memory_bytes
-       << ' ' << mine.compute_cpu_share;
+       << mine.eval_seconds << ' ' << mine.allreduce_seconds << ' ' << mine.peak_memory_bytes << ' '
+       << mine.compute_cpu_share;
   for (double mean : mine.phase_mean) text << ' ' << mean;
   const auto all = comm.gather_strings(text.str());
   std::vector<RankSummary> summaries;
@@ -223,7 +226,8 @@ StepProfile step_profile_build(const EpochReport& report, std::vector<BucketProf
   // backward, which on a loaded host can differ from the other ranks'.
   const auto phase = [&](Phase p) {
     const int index = static_cast<int>(p);
-    return report.ranks.empty() ? report.phases[index].mean : report.ranks.front().phase_mean[index];
+    return report.ranks.empty() ? report.phases[index].mean
+                                : report.ranks.front().phase_mean[index];
   };
   profile.data_wait = phase(Phase::kDataWait);
   profile.h2d = phase(Phase::kHostToDevice);

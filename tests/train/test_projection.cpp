@@ -59,7 +59,8 @@ TEST(Projection, RingCostGrowsAsTwoNMinusOneOverN) {
   const auto latency_bound =
       vqa::train::project_step(two_bucket_profile(), Fabric{"f", 1000.0, 5e-3, ""}, 64);
   EXPECT_EQ(latency_bound.bottleneck, "link latency");
-  const auto rows = vqa::train::project_scaling(two_bucket_profile(), Fabric{"f", 1.0, 1e-5, ""}, 16);
+  const auto rows =
+      vqa::train::project_scaling(two_bucket_profile(), Fabric{"f", 1.0, 1e-5, ""}, 16);
   ASSERT_EQ(rows.size(), 5u);  // 1, 2, 4, 8, 16
   EXPECT_EQ(rows.back().ranks, 16);
 }
@@ -115,8 +116,8 @@ TEST(Projection, RemediesChangeTheProfileAsStated) {
 TEST(Projection, JsonRoundTripAndFabricNames) {
   const auto profile = two_bucket_profile();
   const Fabric fabric{"f", 0.1, 1e-3, "test"};
-  const auto json = vqa::train::projection_json(profile, fabric,
-                                                vqa::train::project_scaling(profile, fabric, 4));
+  const auto json =
+      vqa::train::projection_json(profile, fabric, vqa::train::project_scaling(profile, fabric, 4));
   ASSERT_EQ(json.at("rows").size(), 3u);
   const auto back = vqa::train::step_profile_from_json(json.at("profile"));
   EXPECT_EQ(back.buckets.size(), 2u);
