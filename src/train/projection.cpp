@@ -73,6 +73,39 @@ std::optional<Fabric> fabric_from_text(const std::string& text) {
   return std::nullopt;
 }
 
+std::vector<double> compute_spread_of(std::vector<double> seconds) {
+  seconds.erase(std::remove_if(seconds.begin(), seconds.end(),
+                               [](double s) { return !(s > 0) || !std::isfinite(s); }),
+                seconds.end());
+  if (seconds.size() < 2) return {};
+  std::sort(seconds.begin(), seconds.end());
+  double mean = 0.0;
+  for (double s : seconds) mean += s;
+  mean /= static_cast<double>(seconds.size());
+  const size_t points = std::min(kSpreadPoints, seconds.size());
+  std::vector<double> spread;
+  for (size_t k = 0; k < points; ++k) {
+    const size_t index = (k * (seconds.size() - 1) + (points - 1) / 2) / (points - 1);
+    spread.push_back(seconds[index] / mean);
+  }
+  return spread;
+}
+
+double slowest_of(const std::vector<double>& spread, int ranks) {
+  if (ranks < 2 || spread.empty()) return 1.0;
+  // E[max of n] over the empirical distribution: the i-th of m sorted values
+  // is the maximum with probability (i/m)^n - ((i-1)/m)^n.
+  const auto m = static_cast<double>(spread.size());
+  double expected = 0.0, mean = 0.0, below = 0.0;
+  for (size_t i = 0; i < spread.size(); ++i) {
+    const double at = std::pow(static_cast<double>(i + 1) / m, ranks);
+    expected += spread[i] * (at - below);
+    below = at;
+    mean += spread[i] / m;
+  }
+  return mean > 0 ? std::max(1.0, expected / mean) : 1.0;
+}
+
 namespace {
 
 struct LinkSchedule {
@@ -117,8 +150,11 @@ ProjectedStep project_step(const StepProfile& profile, const Fabric& fabric, int
   const double latency = link.latency;
   result.comm_seconds = link.comm;
   result.exposed_seconds = ranks > 1 ? std::max(0.0, link.end - backward) : 0.0;
-  result.step_seconds =
-      profile.compute() + (backward - profile.last_backward) + result.exposed_seconds;
+  // The slowest rank's compute sets when the last bucket can go: every
+  // bucket of the step waits for it, so the link schedule shifts whole.
+  result.straggler_seconds = (slowest_of(profile.compute_spread, ranks) - 1.0) * profile.compute();
+  result.step_seconds = profile.compute() + (backward - profile.last_backward) +
+                        result.straggler_seconds + result.exposed_seconds;
   result.samples_per_second =
       result.step_seconds > 0
           ? static_cast<double>(ranks * profile.samples_per_rank_step) / result.step_seconds
@@ -126,7 +162,9 @@ ProjectedStep project_step(const StepProfile& profile, const Fabric& fabric, int
   const double single = profile.compute();
   result.efficiency = result.step_seconds > 0 ? single / result.step_seconds : 0.0;
   if (result.exposed_seconds < kBottleneckShare * result.step_seconds) {
-    result.bottleneck = "compute";
+    result.bottleneck = result.straggler_seconds < kBottleneckShare * result.step_seconds
+                            ? "compute"
+                            : "stragglers";
   } else {
     result.bottleneck = latency > result.comm_seconds / 2 ? "link latency" : "link bandwidth";
   }
@@ -207,6 +245,7 @@ nlohmann::json projection_json(const StepProfile& profile, const Fabric& fabric,
                      {"step_seconds", row.step_seconds},
                      {"comm_seconds", row.comm_seconds},
                      {"exposed_seconds", row.exposed_seconds},
+                     {"straggler_seconds", row.straggler_seconds},
                      {"samples_per_second", row.samples_per_second},
                      {"efficiency", row.efficiency},
                      {"bottleneck", row.bottleneck}});
@@ -226,7 +265,8 @@ nlohmann::json projection_json(const StepProfile& profile, const Fabric& fabric,
             {"accumulation_steps", profile.accumulation_steps},
             {"last_backward_seconds", profile.last_backward},
             {"samples_per_rank_step", profile.samples_per_rank_step},
-            {"buckets", buckets}}},
+            {"buckets", buckets},
+            {"compute_spread", profile.compute_spread}}},
           {"rows", table}};
 }
 
@@ -250,6 +290,10 @@ StepProfile step_profile_from_json(const nlohmann::json& json) {
     profile.buckets.push_back({field(bucket, "bytes").get<double>(),
                                field(bucket, "ready_before_end_seconds").get<double>()});
   }
+  // Written since the straggler term; older diagnosis files project without it.
+  if (json.contains("compute_spread")) {
+    profile.compute_spread = json.at("compute_spread").get<std::vector<double>>();
+  }
   return profile;
 }
 
@@ -262,11 +306,13 @@ std::vector<std::string> projection_lines(const Fabric& fabric,
       "  projection on %s (bus %.3g GB/s, %.0f us per ring step; %s):", fabric.name.c_str(),
       fabric.bus_gbps, fabric.latency_seconds * 1e6, fabric.source.c_str());
   lines.push_back(line);
-  lines.push_back("    ranks   step_ms  comm_ms  exposed_ms   samples/s  efficiency  bottleneck");
+  lines.push_back(
+      "    ranks   step_ms  comm_ms  exposed_ms  straggler_ms   samples/s  efficiency  bottleneck");
   for (const auto& row : rows) {
-    std::snprintf(line, sizeof(line), "    %5d %9.1f %8.1f %11.1f %11.1f %11.3f  %s", row.ranks,
-                  1e3 * row.step_seconds, 1e3 * row.comm_seconds, 1e3 * row.exposed_seconds,
-                  row.samples_per_second, row.efficiency, row.bottleneck.c_str());
+    std::snprintf(line, sizeof(line), "    %5d %9.1f %8.1f %11.1f %13.1f %11.1f %11.3f  %s",
+                  row.ranks, 1e3 * row.step_seconds, 1e3 * row.comm_seconds,
+                  1e3 * row.exposed_seconds, 1e3 * row.straggler_seconds, row.samples_per_second,
+                  row.efficiency, row.bottleneck.c_str());
     lines.push_back(line);
   }
   return lines;

@@ -12,7 +12,11 @@
 // with n (per-rank batch fixed), except on a CPU rank, where the allreduce's
 // own CPU time (Fabric::cpu_seconds_per_byte) during backward lengthens
 // backward by as much (one core per rank, shared with the progress thread
-// and the kernel's network work).
+// and the kernel's network work). And every step waits for the slowest of
+// the n ranks: the compute is taken as the expected maximum of n draws from
+// the run's own per-step compute times (StepProfile::compute_spread), which
+// is the mean at n = 1 and grows slowly with n (ranks taken as independent:
+// noise that strikes every rank at once costs less than this).
 // The same model prices the diagnosis' remedies (bfloat16 buckets, smaller
 // buckets, more accumulation).
 #pragma once
@@ -55,17 +59,30 @@ struct StepProfile {
   double last_backward = 0.0;          // backward of the micro-step that sends (seconds)
   int64_t samples_per_rank_step = 0;   // samples one rank computes per optimiser step
   std::vector<BucketProfile> buckets;  // in launch order
+  // The run's per-step compute time (the step less its exposed
+  // communication) over its mean, sorted, at most kSpreadPoints evenly
+  // spaced order statistics; empty: every step alike.
+  std::vector<double> compute_spread;
   double compute() const { return data_wait + h2d + forward + backward + optimizer; }
 };
+
+// How many points of the per-step compute distribution a profile keeps.
+constexpr size_t kSpreadPoints = 65;
+// `seconds` (one per step) as StepProfile::compute_spread.
+std::vector<double> compute_spread_of(std::vector<double> seconds);
+// The expected slowest of `ranks` independent draws from `spread`, over the
+// mean (1 for one rank or an empty spread).
+double slowest_of(const std::vector<double>& spread, int ranks);
 
 struct ProjectedStep {
   int ranks = 1;
   double step_seconds = 0.0;
-  double comm_seconds = 0.0;     // all buckets' allreduce time
-  double exposed_seconds = 0.0;  // of which after backward
+  double comm_seconds = 0.0;       // all buckets' allreduce time
+  double exposed_seconds = 0.0;    // of which after backward
+  double straggler_seconds = 0.0;  // waiting for the slowest rank's compute
   double samples_per_second = 0.0;
   double efficiency = 1.0;  // S_n / (n x S_1)
-  std::string bottleneck;   // compute | link bandwidth | link latency
+  std::string bottleneck;   // compute | stragglers | link bandwidth | link latency
 };
 
 // The step at `ranks` ranks on `fabric`.

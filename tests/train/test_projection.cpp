@@ -137,6 +137,39 @@ TEST(Projection, JsonRoundTripAndFabricNames) {
   EXPECT_NEAR(with_cpu->cpu_seconds_per_byte, 900e-12, 1e-24);
 }
 
+// The wait for the slowest rank: the expected maximum of n draws from the
+// run's per-step compute times. Uniform steps on [0.5, 1.5] x mean have
+// E[max of n] = 0.5 + n / (n + 1) (order statistics of the uniform
+// distribution, independent of the code); 10,001 evenly spaced steps kept as
+// 65 points approximate it within 1e-2. Equal steps never wait.
+TEST(Projection, EveryStepWaitsForTheSlowestRanksCompute) {
+  std::vector<double> seconds;
+  for (int i = 0; i <= 10000; ++i) seconds.push_back(0.5 + i / 10000.0);
+  const auto spread = vqa::train::compute_spread_of(seconds);
+  ASSERT_EQ(spread.size(), vqa::train::kSpreadPoints);
+  EXPECT_NEAR(spread.front(), 0.5, 1e-12);
+  EXPECT_NEAR(spread.back(), 1.5, 1e-12);
+  EXPECT_EQ(vqa::train::slowest_of(spread, 1), 1.0);
+  for (int n : {2, 4, 64}) {
+    EXPECT_NEAR(vqa::train::slowest_of(spread, n), 0.5 + n / (n + 1.0), 1e-2) << n << " ranks";
+  }
+  EXPECT_EQ(vqa::train::slowest_of(vqa::train::compute_spread_of({0.3, 0.3, 0.3}), 8), 1.0);
+  EXPECT_TRUE(vqa::train::compute_spread_of({0.3}).empty());
+
+  // In the step: 320 ms of compute x (E[max of 2] - 1) added, nothing at 1 rank.
+  auto profile = two_bucket_profile();
+  profile.compute_spread = spread;
+  const Fabric fabric{"f", 0.1, 1e-3, ""};
+  const double expected_wait = (vqa::train::slowest_of(spread, 2) - 1.0) * 0.320;
+  const auto two = vqa::train::project_step(profile, fabric, 2);
+  EXPECT_NEAR(two.straggler_seconds, expected_wait, kTolerance);
+  EXPECT_NEAR(two.step_seconds, 0.374 + expected_wait, kTolerance);
+  EXPECT_EQ(vqa::train::project_step(profile, fabric, 1).straggler_seconds, 0.0);
+  const auto back = vqa::train::step_profile_from_json(
+      vqa::train::projection_json(profile, fabric, {two}).at("profile"));
+  EXPECT_EQ(back.compute_spread, spread);
+}
+
 // A 2-rank report shaped like a run on a slow link: 45 MB of gradients in
 // two buckets, 380 ms of allreduce, 250 ms of it exposed after backward.
 vqa::train::EpochReport slow_link_report(bool bf16_on, double rank1_cpu_share) {
