@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <vector>
 
@@ -29,6 +30,8 @@ void write_state(torch::serialize::OutputArchive& archive, const TrainState& sta
                 torch::tensor(state.partial_loss_sums, torch::kFloat64).reshape({-1}));
   archive.write("state.partial_samples",
                 torch::tensor(state.partial_samples, torch::kInt64).reshape({-1}));
+  archive.write("state.loss_scale", torch::tensor(state.loss_scale, torch::kFloat64));
+  archive.write("state.loss_scale_growth", torch::tensor(state.loss_scale_growth));
 }
 
 void read_state(torch::serialize::InputArchive& archive, TrainState& state) {
@@ -52,6 +55,11 @@ void read_state(torch::serialize::InputArchive& archive, TrainState& state) {
   // Absent from checkpoints written before mid-epoch stops existed: an epoch boundary.
   const auto step_in_epoch = try_read("state.step_in_epoch");
   state.step_in_epoch = step_in_epoch.defined() ? step_in_epoch.item<int64_t>() : 0;
+  // Absent from checkpoints written before --precision fp16: no scaler state.
+  const auto loss_scale = try_read("state.loss_scale");
+  state.loss_scale = loss_scale.defined() ? loss_scale.item<double>() : 0.0;
+  const auto loss_scale_growth = try_read("state.loss_scale_growth");
+  state.loss_scale_growth = loss_scale_growth.defined() ? loss_scale_growth.item<int64_t>() : 0;
   state.partial_loss_sums.clear();
   state.partial_samples.clear();
   if (const auto sums = try_read("state.partial_loss_sums"); sums.defined()) {
@@ -400,12 +408,21 @@ std::string read_verified(const std::string& path, RunLog& log) {
   return bytes;
 }
 
-// Runs `read` on the parsed archive; LibTorch's errors name the file.
+// Where the loaded tensors go: the device of the model's parameters (map
+// location), whatever device saved them: a checkpoint from cuda:0 resumes on
+// cuda:1, or on a machine without a GPU.
+torch::Device model_device(model::M3AE& model) {
+  const auto parameters = model->parameters();
+  return parameters.empty() ? torch::Device(torch::kCPU) : parameters.front().device();
+}
+
+// Runs `read` on the archive parsed onto `device`; LibTorch's errors name the file.
 template <typename Read>
-void read_archive(const std::string& path, const std::string& bytes, Read read) {
+void read_archive(const std::string& path, const std::string& bytes, const torch::Device& device,
+                  Read read) {
   torch::serialize::InputArchive archive;
   try {
-    archive.load_from(bytes.data(), bytes.size());
+    archive.load_from(bytes.data(), bytes.size(), device);
     read(archive);
   } catch (const c10::Error& e) {
     throw std::runtime_error("checkpoint " + path +
@@ -415,14 +432,52 @@ void read_archive(const std::string& path, const std::string& bytes, Read read) 
   }
 }
 
+// Copies the archive's tensors into the module's own, as Module::load reads
+// them (own parameters, own buffers, then each child's archive), but into
+// the same tensor objects on their device in their dtype: the gradient
+// buckets, their autograd hooks and the optimiser hold those objects, and
+// LibTorch's load would replace a tensor's data when the saved device or
+// dtype differs. A shape that differs is an error naming the tensor.
+void load_module_in_place(torch::serialize::InputArchive& archive, torch::nn::Module& module,
+                          const std::string& prefix) {
+  torch::NoGradGuard no_grad;
+  const auto copy_into = [&](const std::string& key, torch::Tensor& tensor, bool is_buffer) {
+    torch::Tensor saved;
+    archive.read(key, saved, is_buffer);
+    if (saved.sizes() != tensor.sizes()) {
+      std::ostringstream text;
+      text << "tensor " << prefix << key << " has shape " << saved.sizes() << ", the model's is "
+           << tensor.sizes();
+      throw std::runtime_error(text.str());
+    }
+    tensor.copy_(saved);
+  };
+  for (auto& item : module.named_parameters(/*recurse=*/false)) {
+    copy_into(item.key(), item.value(), /*is_buffer=*/false);
+  }
+  for (auto& item : module.named_buffers(/*recurse=*/false)) {
+    copy_into(item.key(), item.value(), /*is_buffer=*/true);
+  }
+  for (const auto& child : module.named_children()) {
+    torch::serialize::InputArchive child_archive;
+    archive.read(child.key(), child_archive);
+    load_module_in_place(child_archive, *child.value(), prefix + child.key() + ".");
+  }
+}
+
+void load_model_in_place(torch::serialize::InputArchive& archive, model::M3AE& model) {
+  torch::serialize::InputArchive model_archive;
+  archive.read("model", model_archive);
+  load_module_in_place(model_archive, *model, "");
+}
+
 }  // namespace
 
 void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& optimizer,
                      TrainState& state, RunLog& log) {
-  read_archive(path, read_verified(path, log), [&](torch::serialize::InputArchive& archive) {
-    torch::serialize::InputArchive model_archive;
-    archive.read("model", model_archive);
-    model->load(model_archive);
+  const std::string bytes = read_verified(path, log);
+  read_archive(path, bytes, model_device(model), [&](torch::serialize::InputArchive& archive) {
+    load_model_in_place(archive, model);
     torch::serialize::InputArchive optimizer_archive;
     archive.read("optimizer", optimizer_archive);
     optimizer.adamw().load(optimizer_archive);
@@ -431,10 +486,9 @@ void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& 
 }
 
 void checkpoint_load_model(const std::string& path, model::M3AE& model, RunLog& log) {
-  read_archive(path, read_verified(path, log), [&](torch::serialize::InputArchive& archive) {
-    torch::serialize::InputArchive model_archive;
-    archive.read("model", model_archive);
-    model->load(model_archive);
+  const std::string bytes = read_verified(path, log);
+  read_archive(path, bytes, model_device(model), [&](torch::serialize::InputArchive& archive) {
+    load_model_in_place(archive, model);
   });
 }
 

@@ -69,12 +69,16 @@ std::string checkpoint_latest(const std::string& out_dir, RunLog& log);
 // Loads model, optimiser and state from one read of the file, after checking
 // it against its sidecar. Throws std::runtime_error naming the file and what
 // is wrong (missing, truncated, corrupt, unreadable by LibTorch). A file
-// without a sidecar (copied without it) is loaded with a warning.
+// without a sidecar (copied without it) is loaded with a warning. Every
+// tensor is read onto the device of the model's parameters (map location),
+// whatever device saved it, and keeps the model's dtype: the gradient buckets
+// and the optimiser built on those tensors stay valid.
 void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& optimizer,
                      TrainState& state, RunLog& log);
 
 // The model's weights alone from a checkpoint or best_model.pt (checked as
-// checkpoint_load does), for --init-from.
+// checkpoint_load does, onto the model's device and dtype), for --init-from
+// and --eval-only.
 void checkpoint_load_model(const std::string& path, model::M3AE& model, RunLog& log);
 
 // The result of checking a checkpoint file against its sidecar.
