@@ -138,7 +138,8 @@ int main(int argc, char** argv) {
       .add("mpi-allreduce", &config.mpi_allreduce,
            "the MPI backend's algorithm for buffers of 64 KiB and more: ring (the project's "
            "pipelined ring) or library (MPI_Allreduce)")
-      .add("device", &config.device, "where the buffer lives: cpu or cuda (GPU local_rank)")
+      .add("device", &config.device,
+           "where the buffer lives: cpu or cuda (the only visible GPU, or the local rank's)")
       .add("check,c", &config.check,
            "verify every size's result (true) or not (false); wrong elements make the exit "
            "status 1")
@@ -173,7 +174,7 @@ int main(int argc, char** argv) {
   }
 
   const torch::Device device(config.device == "cuda" ? torch::kCUDA : torch::kCPU,
-                             config.device == "cuda" ? info.local_rank : -1);
+                             config.device == "cuda" ? vqa::runtime::cuda_device_for(info) : -1);
   vqa::runtime::Backend backend = vqa::runtime::Backend::kAuto;
   vqa::runtime::MpiAllreduce mpi_allreduce = vqa::runtime::MpiAllreduce::kRing;
   try {

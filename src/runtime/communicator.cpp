@@ -1,5 +1,6 @@
 #include "runtime/communicator.h"
 
+#include <cstdlib>
 #include <stdexcept>
 
 #include "runtime/check.h"              // fatal_user_error
@@ -45,6 +46,43 @@ int cuda_device_count() {
 #else
   return 0;
 #endif
+}
+
+CudaDeviceChoice cuda_device_choice(int visible, int local_rank, int local_size) {
+  CudaDeviceChoice choice;
+  const std::string ranks = std::to_string(local_size) + " rank" + (local_size == 1 ? "" : "s");
+  if (visible == 1) {
+    choice.index = 0;
+  } else if (visible >= local_size && local_rank < visible) {
+    choice.index = local_rank;
+    if (visible > local_size) {
+      choice.note = std::to_string(visible) + " visible CUDA devices for " + ranks +
+                    " on this host: devices " + std::to_string(local_size) + ".." +
+                    std::to_string(visible - 1) + " stay idle";
+    }
+  } else if (visible <= 0) {
+    choice.problem = "no visible CUDA device";
+  } else {
+    choice.problem = std::to_string(visible) + " visible CUDA devices for " + ranks +
+                     " on this host: give every rank its own device (one visible device per "
+                     "rank, e.g. Slurm's --gpus-per-task=1, or at least as many devices as "
+                     "ranks), or start fewer ranks per host";
+  }
+  return choice;
+}
+
+int cuda_device_for(const RankInfo& info) {
+  const int visible = cuda_device_count();
+  const CudaDeviceChoice choice = cuda_device_choice(visible, info.local_rank, info.local_size);
+  if (choice.index < 0) {
+    const char* mask = std::getenv("CUDA_VISIBLE_DEVICES");
+    fatal_user_error(
+        "rank " + std::to_string(info.rank) + " on host " + info.host + " (local rank " +
+        std::to_string(info.local_rank) + " of " + std::to_string(info.local_size) +
+        ", CUDA_VISIBLE_DEVICES=" + (mask ? "'" + std::string(mask) + "'" : std::string("unset")) +
+        ", visible devices " + std::to_string(visible) + "): " + choice.problem);
+  }
+  return choice.index;
 }
 
 MpiAllreduce mpi_allreduce_from_string(const std::string& name) {

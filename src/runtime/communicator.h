@@ -39,6 +39,24 @@ bool nccl_backend_built();
 // CUDA devices this process can see; 0 without a GPU or without the NCCL build.
 int cuda_device_count();
 
+// Which visible CUDA device a rank drives, decided before anything else
+// touches CUDA. One visible device: that one (sites that give each task its
+// own GPU, e.g. Slurm's --gpus-per-task=1 or --gpu-bind, show every rank a
+// single device 0). At least as many as the ranks on the host: the local
+// rank's (devices beyond the ranks stay idle, which `note` says). Otherwise
+// (none, or fewer than the ranks but more than one) `problem` says why no
+// choice is safe and `index` is -1.
+struct CudaDeviceChoice {
+  int index = -1;
+  std::string problem;  // empty when index >= 0
+  std::string note;     // e.g. idle devices; empty when nothing to say
+};
+CudaDeviceChoice cuda_device_choice(int visible, int local_rank, int local_size);
+// cuda_device_choice for this process (cuda_device_count(), RankInfo); on a
+// problem, ends every rank with a message naming the rank, the host,
+// CUDA_VISIBLE_DEVICES and the counts.
+int cuda_device_for(const RankInfo& info);
+
 // A launched collective. wait() returns once the result may be used by the
 // caller: for MPI, when the reduction has finished on the host; for NCCL,
 // once the compute stream is ordered after it (no host synchronisation).

@@ -1,5 +1,5 @@
 // GPU backend: NCCL collectives on a dedicated CUDA stream. Rank 0 makes the
-// unique id and MPI_Bcast shares its bytes; each rank drives GPU local_rank.
+// unique id and MPI_Bcast shares its bytes; each rank drives the GPU cuda_device_for picks.
 // Ordering with the compute stream uses CUDA events only: launching waits for
 // the compute stream's work so far, and Work::wait() makes the compute stream
 // wait for the collective. The host never blocks on the hot path.
@@ -81,14 +81,8 @@ class NcclWork final : public Work {
 
 class NcclCommunicator final : public Communicator {
  public:
-  explicit NcclCommunicator(const RankInfo& info) : Communicator(info), device_(info.local_rank) {
-    const int visible = nccl_cuda_device_count();
-    if (info.local_size > visible) {
-      fatal_user_error(std::to_string(info.local_size) + " ranks run on host " + info.host +
-                       " but it has " + std::to_string(visible) +
-                       " visible CUDA device(s); start one rank per GPU (or check "
-                       "CUDA_VISIBLE_DEVICES)");
-    }
+  explicit NcclCommunicator(const RankInfo& info)
+      : Communicator(info), device_(cuda_device_for(info)) {
     VQA_CHECK_CUDA(cudaSetDevice(device_));
 
     ncclUniqueId id;

@@ -142,11 +142,52 @@ TEST(Backends, ChoiceFollowsTheDevice) {
   EXPECT_THROW(vqa::runtime::backend_from_string("gloo"), std::invalid_argument);
 }
 
+// Device selection's decision table: visible devices x ranks on the host.
+TEST(CudaDeviceChoice, OneVisibleDeviceOrOnePerRankElseAReasonedStop) {
+  using vqa::runtime::cuda_device_choice;
+  struct Row {
+    int visible, local_rank, local_size, index;
+    bool note;
+  };
+  const Row table[] = {
+      // one device visible per rank (--gpus-per-task=1): always device 0
+      {1, 0, 1, 0, false},
+      {1, 0, 4, 0, false},
+      {1, 3, 4, 0, false},
+      // as many as the ranks: the local rank's
+      {4, 0, 4, 0, false},
+      {4, 3, 4, 3, false},
+      {2, 1, 2, 1, false},
+      // more than the ranks: the local rank's, the rest said to be idle
+      {8, 1, 2, 1, true},
+      {2, 0, 1, 0, true},
+      // none, or fewer than the ranks but more than one: no safe choice
+      {0, 0, 1, -1, false},
+      {0, 2, 4, -1, false},
+      {2, 0, 4, -1, false},
+      {3, 3, 4, -1, false},
+  };
+  for (const Row& row : table) {
+    const auto choice = cuda_device_choice(row.visible, row.local_rank, row.local_size);
+    SCOPED_TRACE(std::to_string(row.visible) + " visible, local rank " +
+                 std::to_string(row.local_rank) + " of " + std::to_string(row.local_size));
+    EXPECT_EQ(choice.index, row.index);
+    EXPECT_EQ(choice.problem.empty(), row.index >= 0) << choice.problem;
+    EXPECT_EQ(!choice.note.empty(), row.note) << choice.note;
+  }
+  EXPECT_NE(cuda_device_choice(2, 0, 4).problem.find("2 visible CUDA devices for 4 ranks"),
+            std::string::npos);
+  EXPECT_NE(cuda_device_choice(8, 1, 2).note.find("devices 2..7 stay idle"), std::string::npos);
+}
+
 // ---- GPU (NCCL) ----------------------------------------------------------
 
 bool gpu_available() {
+  const auto& info = vqa::runtime::distributed_rank_info();
   return vqa::runtime::nccl_backend_built() && torch::cuda::is_available() &&
-         vqa::runtime::cuda_device_count() >= vqa::runtime::distributed_rank_info().local_size;
+         vqa::runtime::cuda_device_choice(vqa::runtime::cuda_device_count(), info.local_rank,
+                                          info.local_size)
+                 .index >= 0;
 }
 
 class GpuAllreduce : public ::testing::TestWithParam<std::tuple<int64_t, torch::ScalarType>> {};
@@ -155,7 +196,7 @@ TEST_P(GpuAllreduce, AverageMatchesDoublePrecisionReference) {
   if (!gpu_available()) GTEST_SKIP() << "no GPU per local rank (or no NCCL build)";
   const auto [size, type] = GetParam();
   const auto& info = vqa::runtime::distributed_rank_info();
-  const torch::Device device(torch::kCUDA, info.local_rank);
+  const torch::Device device(torch::kCUDA, vqa::runtime::cuda_device_for(info));
   auto comm = vqa::runtime::communicator_create(Backend::kAuto, device);
   ASSERT_EQ(comm->backend(), Backend::kNccl);
   auto buffer = input_of(info.rank, size).to(type).to(device);
@@ -173,7 +214,7 @@ INSTANTIATE_TEST_SUITE_P(OddSizes, GpuAllreduce,
 TEST(GpuCommunicator, ManyAsyncOperationsAndBroadcast) {
   if (!gpu_available()) GTEST_SKIP() << "no GPU per local rank (or no NCCL build)";
   const auto& info = vqa::runtime::distributed_rank_info();
-  const torch::Device device(torch::kCUDA, info.local_rank);
+  const torch::Device device(torch::kCUDA, vqa::runtime::cuda_device_for(info));
   auto comm = vqa::runtime::communicator_create(Backend::kNccl, device);
   std::vector<torch::Tensor> buffers;
   std::vector<vqa::runtime::WorkHandle> handles;
@@ -195,8 +236,8 @@ TEST(GpuCommunicator, ManyAsyncOperationsAndBroadcast) {
 TEST(GpuCommunicator, ScalarsStringsAndBarrier) {
   if (!gpu_available()) GTEST_SKIP() << "no GPU per local rank (or no NCCL build)";
   const auto& info = vqa::runtime::distributed_rank_info();
-  auto comm = vqa::runtime::communicator_create(Backend::kNccl,
-                                                torch::Device(torch::kCUDA, info.local_rank));
+  auto comm = vqa::runtime::communicator_create(
+      Backend::kNccl, torch::Device(torch::kCUDA, vqa::runtime::cuda_device_for(info)));
   check_scalars_and_strings(*comm);
 }
 
