@@ -1,11 +1,30 @@
 #include "train/gradient_sync.h"
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
 #include <algorithm>
 
 #include "runtime/check.h"  // VQA_CHECK
 #include "util/clock.h"     // SteadyClock, steady_seconds, seconds_since
 
 namespace vqa::train {
+
+// The gradient accumulator's post hook of one parameter.
+class GradientSynchronizer::ArrivalHook final : public torch::autograd::FunctionPostHook {
+ public:
+  ArrivalHook(GradientSynchronizer* owner, int64_t index) : owner_(owner), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    owner_->on_gradient(index_);
+    return outputs;
+  }
+
+ private:
+  GradientSynchronizer* owner_;
+  int64_t index_;
+};
 
 GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
                                            runtime::Communicator& comm,
@@ -60,8 +79,16 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
   }
   touched_.assign(parameters_.size(), false);
 
+  // A post hook on each parameter's gradient accumulator (as DDP's reducer
+  // does): it runs after autograd has put this backward's gradient into
+  // param.grad(). The accumulators are kept alive here, since a parameter
+  // holds its own only weakly.
   for (int64_t i = 0; i < static_cast<int64_t>(parameters_.size()); ++i) {
-    parameters_[i].tensor.register_hook([this, i](torch::Tensor grad) { on_gradient(i, grad); });
+    auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[i].tensor);
+    VQA_CHECK(accumulator != nullptr,
+              "parameter " + parameters_[i].name + " has no gradient accumulator");
+    accumulator->add_post_hook(std::make_unique<ArrivalHook>(this, i));
+    accumulators_.push_back(std::move(accumulator));
   }
 }
 
@@ -75,21 +102,26 @@ void GradientSynchronizer::prepare_backward(bool sync) {
       std::fill(bucket.arrived.begin(), bucket.arrived.end(), false);
       bucket.work.reset();
     }
+    // Last step's averages leave param.grad(): autograd's next gradient is
+    // then stored as it is (no addition), and on_gradient moves it to the slot.
+    for (auto& parameter : parameters_) parameter.tensor.mutable_grad() = torch::Tensor();
   }
   last_micro_ = sync;
-  for (auto& parameter : parameters_) parameter.tensor.mutable_grad() = torch::Tensor();
 }
 
-// Runs inside backward, once per parameter, with the gradient of this
-// micro-step, before autograd stores it in param.grad() (which
-// prepare_backward emptied, so autograd keeps the tensor without copying).
-void GradientSynchronizer::on_gradient(int64_t index, const torch::Tensor& grad) {
+// Runs inside backward, once per parameter, right after autograd's gradient
+// accumulator has stored this micro-step's gradient in param.grad(). The
+// first time in an optimiser step that is autograd's own tensor: it is
+// copied into the slot and param.grad() becomes the slot (the tensor is
+// freed, so backward holds one copy of each gradient, in the buckets). Later
+// micro-steps find the slot in param.grad() and autograd adds into it in place.
+void GradientSynchronizer::on_gradient(int64_t index) {
   if (!step_open_) return;  // a backward outside prepare_backward/finish_backward
-  torch::NoGradGuard no_grad;
-  if (touched_[index]) {
-    slot_views_[index].add_(grad);
-  } else {
-    slot_views_[index].copy_(grad);
+  if (!touched_[index]) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor& grad = parameters_[index].tensor.mutable_grad();
+    if (grad.defined() && !grad.is_same(slot_views_[index])) slot_views_[index].copy_(grad);
+    grad = slot_views_[index];
     touched_[index] = true;
   }
   if (!last_micro_) return;
@@ -190,6 +222,12 @@ std::vector<BucketTiming> GradientSynchronizer::last_step_timings() const {
                        bucket.launched, bucket.work->began_at(), bucket.work->ended_at()});
   }
   return timings;
+}
+
+std::vector<torch::Tensor> GradientSynchronizer::bucket_gradients() const {
+  std::vector<torch::Tensor> flats;
+  for (const auto& bucket : buckets_) flats.push_back(bucket.flat);
+  return flats;
 }
 
 int64_t GradientSynchronizer::memory_bytes() const {

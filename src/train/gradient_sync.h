@@ -2,18 +2,22 @@
 //
 // Parameters are grouped into buckets of about --bucket-mb in reverse
 // registration order (the order backward produces their gradients). The
-// buckets' flat buffers hold the gradients: an autograd hook on each
-// parameter adds its gradient into its slot of the bucket (copying it on the
-// first micro-step of an optimiser step), and the moment a bucket's last
-// gradient of the last micro-step arrives its average-allreduce is launched,
-// while backward goes on. Buckets are launched in bucket order on every rank,
-// so all ranks issue the same collectives in the same sequence.
-// finish_backward() waits only for what is still in flight and points every
-// param.grad() at its slot: no copy back, no zeroing between steps.
+// buckets' flat buffers hold the gradients, and param.grad() is a view of
+// the parameter's slot (DDP's gradient_as_bucket_view): a post hook on each
+// parameter's gradient accumulator moves the first gradient of an optimiser
+// step into the slot and points param.grad() at it, so autograd adds later
+// micro-steps' gradients into the slot itself and backward holds one copy of
+// the gradients, not two. The moment a bucket's last gradient of the last
+// micro-step arrives its average-allreduce is launched, while backward goes on. Buckets are
+// launched in bucket order on every rank, so all ranks issue the same collectives in the same
+// sequence. finish_backward() waits only for what is still in flight and points every param.grad()
+// at its slot: no copy back, no zeroing pass between steps.
 #pragma once
 
+#include <torch/csrc/autograd/function.h>
 #include <torch/torch.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,8 +74,9 @@ class GradientSynchronizer {
   // Call before each backward. sync = true on the last micro-step of an
   // optimiser step (its gradients are averaged); false on accumulation
   // micro-steps (no communication: gradients accumulate in the buckets).
-  // Drops every param.grad(), so that autograd hands its fresh gradient over
-  // without adding it anywhere: the buckets are where gradients accumulate.
+  // The first micro-step of an optimiser step drops every param.grad(), so
+  // that autograd hands its fresh gradient over without adding it to last
+  // step's: the buckets are where gradients accumulate.
   void prepare_backward(bool sync);
 
   // After the backward of a sync micro-step: zeros the slots of parameters
@@ -92,6 +97,8 @@ class GradientSynchronizer {
   double bucket_mb() const { return options_.bucket_mb; }
   // Bucket sizes in bytes as sent (bfloat16 with options.bf16), in launch order.
   std::vector<int64_t> bucket_bytes() const;
+  // The buckets' float32 buffers: every gradient, as param.grad() views them.
+  std::vector<torch::Tensor> bucket_gradients() const;
   // Bytes the buckets hold: the float32 gradients and the bfloat16 copies sent.
   int64_t memory_bytes() const;
   // The buckets of the last synchronised step, in launch order.
@@ -113,13 +120,16 @@ class GradientSynchronizer {
     double launched = 0.0;  // steady_clock seconds
   };
 
-  void on_gradient(int64_t index, const torch::Tensor& grad);
+  class ArrivalHook;
+  void on_gradient(int64_t index);
   void launch_ready_buckets();
 
   std::vector<NamedTensor> parameters_;
   std::vector<Slot> slots_;
   std::vector<torch::Tensor> slot_views_;  // per parameter: its slot, shaped like it
-  std::vector<bool> touched_;              // per parameter: slot written this optimiser step
+  // per parameter: autograd's gradient accumulator, which runs ArrivalHook
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<bool> touched_;  // per parameter: slot written this optimiser step
   std::vector<Bucket> buckets_;
   runtime::Communicator& comm_;
   GradientSyncOptions options_;
