@@ -1,8 +1,11 @@
-// bfloat16 autocast for the forward pass on GPU (--bf16-autocast), restored
-// on scope exit; a no-op when disabled.
+// Autocast of the forward pass on GPU (--precision bf16 or fp16), restored
+// on scope exit; a no-op on the CPU and for float32.
 #pragma once
 
 #include <ATen/autocast_mode.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <torch/types.h>
 #include <torch/version.h>
 
 // LibTorch 2.4 made the autocast calls take the device type and deprecated
@@ -15,13 +18,15 @@ namespace vqa::train {
 
 class AutocastScope {
  public:
-  explicit AutocastScope(bool enabled) : enabled_(enabled) {
+  // dtype: at::kBFloat16 or at::kHalf to autocast, at::kFloat for none.
+  AutocastScope(const torch::Device& device, at::ScalarType dtype)
+      : enabled_(device.is_cuda() && dtype != at::kFloat) {
     if (!enabled_) return;
 #ifdef VQA_AUTOCAST_BY_DEVICE
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
     at::autocast::set_autocast_enabled(at::kCUDA, true);
 #else
-    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+    at::autocast::set_autocast_gpu_dtype(dtype);
     at::autocast::set_enabled(true);
 #endif
   }

@@ -61,7 +61,14 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "gradient bucket size in MiB for the overlapped allreduce (0: auto, 20 ms of the bus "
            "bandwidth measured at start-up, between 1 and 25 MiB)")
       .add("bf16-allreduce", &c.bf16_allreduce, "send gradients as bfloat16 (half the bytes)")
-      .add("bf16-autocast", &c.bf16_autocast, "bfloat16 autocast for the forward pass (GPU only)")
+      .add("precision", &c.precision,
+           "fp32 | bf16 (bfloat16 autocast of the forward pass on GPU) | fp16 (float16 autocast "
+           "on GPU with dynamic loss scaling as PyTorch's GradScaler: scale 2^16, halved and the "
+           "step skipped on an overflow, doubled after --loss-scale-interval finite steps; on "
+           "the CPU the loss scaler runs around float32 compute)")
+      .add("loss-scale-interval", &c.loss_scale_interval,
+           "fp16: finite optimiser steps in a row before the loss scale doubles")
+      .add("bf16-autocast", &c.bf16_autocast, "the same as --precision bf16 (older spelling)")
       .add("packed-attention", &c.packed_attention,
            "one GEMM for the q, k and v projections (k and v across); the same function and "
            "parameter names")
@@ -185,6 +192,20 @@ void config_finalize(TrainConfig& c, int world_size) {
   if (c.keep_checkpoints < 0) {
     fatal_user_error("--keep-checkpoints must be >= 0 (0 keeps all), got " +
                      std::to_string(c.keep_checkpoints));
+  }
+  if (c.precision != "fp32" && c.precision != "bf16" && c.precision != "fp16") {
+    fatal_user_error("--precision must be fp32, bf16 or fp16, got '" + c.precision + "'");
+  }
+  if (c.bf16_autocast) {
+    if (c.precision == "fp16") {
+      fatal_user_error("--bf16-autocast (= --precision bf16) contradicts --precision fp16");
+    }
+    c.precision = "bf16";
+  }
+  c.bf16_autocast = c.precision == "bf16";
+  if (c.loss_scale_interval < 1) {
+    fatal_user_error("--loss-scale-interval must be >= 1, got " +
+                     std::to_string(c.loss_scale_interval));
   }
   if (c.nonfinite != "stop" && c.nonfinite != "skip" && c.nonfinite != "off") {
     fatal_user_error("--nonfinite must be stop, skip or off, got '" + c.nonfinite + "'");

@@ -2,6 +2,8 @@
 // table that gives --help, the INI config file (--config) and the defaults.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <string>
 
@@ -50,9 +52,13 @@ struct TrainConfig {
   int threads = 0;                     // CPU threads per rank; 0: host cores / ranks on the host
   double bucket_mb = 0.0;              // 0: auto, from the start-up probe (gradient_bucket_mb)
   bool bf16_allreduce = false;
-  bool bf16_autocast = false;     // GPU only
-  bool packed_attention = false;  // one GEMM for q, k, v (measured slower on CPU: README)
-  bool no_comm = false;           // benchmark only: skip the gradient allreduce (ranks diverge)
+  bool bf16_autocast = false;  // the older spelling of precision = "bf16"
+  // fp32 | bf16 (bfloat16 autocast, GPU) | fp16 (float16 autocast on GPU
+  // with dynamic loss scaling; on the CPU the loss scaler around float32)
+  std::string precision = "fp32";
+  int64_t loss_scale_interval = 2000;  // fp16: finite steps before the scale doubles
+  bool packed_attention = false;       // one GEMM for q, k, v (measured slower on CPU: README)
+  bool no_comm = false;  // benchmark only: skip the gradient allreduce (ranks diverge)
   double comm_timeout = runtime::kDefaultCollectiveTimeoutSeconds;  // per collective; 0: none
   // loop, evaluation, output
   int eval_every = 1;
@@ -80,6 +86,11 @@ struct TrainConfig {
   // Derived, filled by config_finalize.
   int world_size = 1;
   int64_t accumulation_steps = 1;
+
+  // The forward's autocast dtype on GPU: kBFloat16, kHalf, or kFloat (none).
+  at::ScalarType autocast_dtype() const {
+    return precision == "bf16" ? at::kBFloat16 : precision == "fp16" ? at::kHalf : at::kFloat;
+  }
 };
 
 // Parses the command line and, with --config FILE, an INI file (command line

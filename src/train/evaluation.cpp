@@ -82,7 +82,7 @@ std::vector<std::string> gather_records(runtime::Communicator& comm,
 }  // namespace
 
 EvalStats evaluate(model::M3AE& model, data::ShardedLoader& loader, runtime::Communicator& comm,
-                   const torch::Device& device, int64_t epoch, bool bf16_autocast,
+                   const torch::Device& device, int64_t epoch, at::ScalarType autocast_dtype,
                    const PredictionOptions& predictions) {
   const auto start = util::SteadyClock::now();
   torch::NoGradGuard no_grad;
@@ -100,7 +100,7 @@ EvalStats evaluate(model::M3AE& model, data::ShardedLoader& loader, runtime::Com
     const data::Batch batch = batch_to_device(host_batch, device);
     torch::Tensor logits;
     {
-      AutocastScope autocast(bf16_autocast && device.is_cuda());
+      AutocastScope autocast(device, autocast_dtype);
       logits =
           model->forward(batch.images, batch.token_ids, batch.attention_mask).to(torch::kFloat32);
     }

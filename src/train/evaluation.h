@@ -31,8 +31,9 @@ struct PredictionOptions {
 // Collective. Runs under NoGradGuard with the model in eval mode, and puts
 // it back in train mode. `epoch` picks the loader's epoch (its order does not
 // matter: the split is not shuffled). Rank 0 gets the prediction records.
+// autocast_dtype: the forward's autocast on GPU (TrainConfig::autocast_dtype).
 EvalStats evaluate(model::M3AE& model, data::ShardedLoader& loader, runtime::Communicator& comm,
-                   const torch::Device& device, int64_t epoch, bool bf16_autocast,
+                   const torch::Device& device, int64_t epoch, at::ScalarType autocast_dtype,
                    const PredictionOptions& predictions = {});
 
 }  // namespace vqa::train

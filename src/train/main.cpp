@@ -96,6 +96,8 @@ int main(int argc, char** argv) {
   // ---- resume, report ---------------------------------------------------------
   train::TrainState state;
   const std::string resumed_from = train::resume_if_asked(config, model, optimizer, state, log);
+  const auto scaler = train::setup_loss_scaler(config, device, state, log);
+  parts.scaler = scaler.get();
   train::save_resolved_config(config, config_ini, rank);
   train::report_run_start(parts, train_loader, test_loader, model_config, probe, resumed_from,
                           state);

@@ -107,6 +107,12 @@ void report_epoch_steps(TrainingParts& parts, int64_t epoch, const EpochStats& s
   auto report = epoch_report_build(
       epoch, parts.device.is_cuda(), summaries, config.no_comm ? 0 : sync.bytes_per_step,
       probe.bus_gbps, probe.bytes, settings, bucket_profiles(parts.gradients, sync_before));
+  // Rank 0's per-step compute, for the projection's wait for the slowest rank.
+  std::vector<double> own_seconds;
+  for (const auto& step : stats.step_times) {
+    own_seconds.push_back(step.total() - step.seconds[static_cast<int>(Phase::kCommExposed)]);
+  }
+  report.profile.compute_spread = compute_spread_of(std::move(own_seconds));
   report.memory.source = peak.source;
   for (const auto& parameter : parts.model->parameters()) {
     report.memory.parameters += static_cast<int64_t>(parameter.nbytes());
@@ -147,7 +153,7 @@ void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const 
   bool best = false;
   if (evaluate_now) {
     eval_stats = evaluate(parts.model, test_loader, parts.comm, parts.device, epoch,
-                          config.bf16_autocast, prediction_options(config));
+                          config.autocast_dtype(), prediction_options(config));
     if (eval_stats.accuracy.overall > state.best_overall) {
       state.best_overall = eval_stats.accuracy.overall;
       state.best_epoch = epoch;
@@ -223,8 +229,9 @@ void finish_run(TrainingParts& parts, const TrainState& state) {
 int run_evaluation_only(TrainingParts& parts, data::ShardedLoader& test_loader,
                         const std::string& model_source) {
   const TrainConfig& config = parts.config;
-  const EvalStats stats = evaluate(parts.model, test_loader, parts.comm, parts.device,
-                                   /*epoch=*/0, config.bf16_autocast, prediction_options(config));
+  const EvalStats stats =
+      evaluate(parts.model, test_loader, parts.comm, parts.device,
+               /*epoch=*/0, config.autocast_dtype(), prediction_options(config));
   parts.log.evaluation(stats, model_source);
   if (!config.predictions.empty() && parts.comm.rank() == 0) {
     try {

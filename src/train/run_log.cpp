@@ -80,6 +80,7 @@ void RunLog::epoch(int64_t epoch, const EpochStats& train, const EvalStats* eval
                            {"skipped_steps", train.skipped_steps},
                            {"data_wait_seconds_rank0", train.data_wait_seconds},
                            {"comm_wait_seconds_rank0", train.comm_wait_seconds}};
+  if (train.loss_scale > 0) record["loss_scale"] = train.loss_scale;
   if (eval) {
     record["overall"] = eval->accuracy.overall;
     record["open"] = eval->accuracy.open;

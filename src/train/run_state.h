@@ -25,6 +25,10 @@ struct TrainState {
   int64_t step_in_epoch = 0;
   std::vector<double> partial_loss_sums;
   std::vector<int64_t> partial_samples;
+  // --precision fp16: the loss scaler's scale and finite steps since its last
+  // change (0: no scaler state, a fresh scaler starts at 2^16).
+  double loss_scale = 0.0;
+  int64_t loss_scale_growth = 0;
 };
 
 struct EpochStats {
@@ -40,6 +44,7 @@ struct EpochStats {
   double comm_wait_seconds = 0.0;     // this rank: finish_backward's wait
   double compute_cpu_seconds = 0.0;   // this rank's main thread CPU time in forward + backward
   double learning_rate = 0.0;         // encoders' lr at the last step
+  double loss_scale = 0.0;            // fp16: the loss scale at the end (0: none)
 };
 
 // Accuracy over the questions of one question type (the dataset's

@@ -8,13 +8,14 @@
 #include <fstream>
 #include <thread>
 
-#include "model/m3ae_import.h"    // m3ae_import
-#include "model/safetensors.h"    // SafetensorsFile
-#include "runtime/check.h"        // fatal_user_error
-#include "runtime/distributed.h"  // distributed_gather_strings, distributed_broadcast_bytes
-#include "runtime/system_info.h"  // blas_description
-#include "train/checkpoint.h"     // checkpoint_latest, checkpoint_load, checkpoint_load_model
-#include "util/durable_file.h"    // write_file_atomically
+#include "model/m3ae_import.h"     // m3ae_import
+#include "model/safetensors.h"     // SafetensorsFile
+#include "runtime/check.h"         // fatal_user_error
+#include "runtime/communicator.h"  // cuda_device_for, cuda_device_choice
+#include "runtime/distributed.h"   // distributed_gather_strings, distributed_broadcast_bytes
+#include "runtime/system_info.h"   // blas_description
+#include "train/checkpoint.h"      // checkpoint_latest, checkpoint_load, checkpoint_load_model
+#include "util/durable_file.h"     // write_file_atomically
 
 namespace vqa::train {
 
@@ -32,9 +33,38 @@ torch::Device setup_device(const TrainConfig& config, const runtime::RankInfo& r
   }
   torch::set_num_threads(threads);
   if (config.device == "cuda" || (config.device == "auto" && gpu)) {
-    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rank.local_rank));
+    const int index = runtime::cuda_device_for(rank);
+    const auto choice =
+        runtime::cuda_device_choice(runtime::cuda_device_count(), rank.local_rank, rank.local_size);
+    if (!choice.note.empty() && rank.local_rank == 0) {
+      std::fprintf(stderr, "[vqa] host %s: %s\n", rank.host.c_str(), choice.note.c_str());
+    }
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
   }
   return torch::Device(torch::kCPU);
+}
+
+std::unique_ptr<LossScaler> setup_loss_scaler(const TrainConfig& config,
+                                              const torch::Device& device, const TrainState& state,
+                                              RunLog& log) {
+  if (config.precision != "fp16") return nullptr;
+  LossScalerOptions options;
+  options.growth_interval = config.loss_scale_interval;
+  auto scaler = std::make_unique<LossScaler>(device, options);
+  if (state.loss_scale > 0) {
+    scaler->load(state.loss_scale, state.loss_scale_growth);
+    char line[160];
+    std::snprintf(line, sizeof(line),
+                  "fp16 loss scale %.6g from the checkpoint (%lld finite steps towards growth)",
+                  state.loss_scale, static_cast<long long>(state.loss_scale_growth));
+    log.info(line);
+  }
+  if (!device.is_cuda()) {
+    log.info(
+        "--precision fp16 on the CPU: the loss scaler runs around float32 compute (LibTorch "
+        "has no float16 autocast on the CPU)");
+  }
+  return scaler;
 }
 
 namespace {

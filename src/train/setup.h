@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "runtime/distributed.h"   // RankInfo
 #include "train/config.h"          // TrainConfig
 #include "train/gradient_sync.h"   // GradientSynchronizer, GradientSyncOptions, NamedTensor
+#include "train/loss_scaler.h"     // LossScaler
 #include "train/optimizer.h"       // VqaOptimizer, OptimizerSettings
 #include "train/run_log.h"         // RunLog
 #include "train/run_state.h"       // TrainState
@@ -23,9 +25,17 @@
 
 namespace vqa::train {
 
-// cuda:<local rank> for --device cuda (or auto with a GPU), else cpu. Sets
+// For --device cuda (or auto with a GPU) the CUDA device runtime::
+// cuda_device_for picks (the only visible one, or the local rank's; anything
+// else ends every rank naming the counts), else cpu. Sets
 // the CPU threads per rank (--threads, default host cores / ranks on the host).
 torch::Device setup_device(const TrainConfig& config, const runtime::RankInfo& rank);
+
+// --precision fp16: the loss scaler on `device`, from the checkpoint's
+// scale when `state` has one (said in the log); nullptr otherwise.
+std::unique_ptr<LossScaler> setup_loss_scaler(const TrainConfig& config,
+                                              const torch::Device& device, const TrainState& state,
+                                              RunLog& log);
 
 // Every rank hashes `text`; on a mismatch the job stops before training,
 // and rank 0 prints which ranks differ from it and how: the differing lines

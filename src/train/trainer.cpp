@@ -161,6 +161,35 @@ int64_t optimizer_steps_per_epoch(const data::ShardedLoader& loader, const Train
   return steps;
 }
 
+namespace {
+
+// Under this loss scale a non-finite gradient is not taken for an fp16
+// overflow: the --nonfinite policy applies.
+constexpr double kMinLossScale = 1.0;
+
+std::string format_scale(double scale) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.6g", scale);
+  return text;
+}
+
+// fp16: the scaler's state into `state` (for checkpoints) and `stats`, after
+// checking that every rank holds the same scale (they decide alike from the
+// same averaged gradients; a difference is a defect, not bad input).
+// Collective when a scaler exists.
+void record_loss_scale(TrainingParts& parts, TrainState& state, EpochStats& stats) {
+  if (!parts.scaler) return;
+  const double scale = parts.scaler->current_scale();
+  const double highest = parts.comm.max(scale), lowest = parts.comm.min(scale);
+  VQA_CHECK(highest == lowest, "the fp16 loss scale differs across ranks: " + format_scale(lowest) +
+                                   " to " + format_scale(highest));
+  state.loss_scale = scale;
+  state.loss_scale_growth = parts.scaler->growth_tracker();
+  stats.loss_scale = scale;
+}
+
+}  // namespace
+
 bool train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t epoch, TrainState& state,
                 torch::Tensor& loss_sum, int64_t& samples, double& compute_cpu_seconds) {
   const TrainConfig& config = parts.config;
@@ -185,14 +214,15 @@ bool train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t epoch
     const double cpu_before = util::thread_cpu_seconds();
     torch::Tensor loss;
     {
-      AutocastScope autocast(config.bf16_autocast && parts.device.is_cuda());
+      AutocastScope autocast(parts.device, config.autocast_dtype());
       loss = vqa_loss(parts.model->forward(batch.images, batch.token_ids, batch.attention_mask),
                       batch.targets);
     }
     faults.after_forward();
     loss = faults.loss(loss, state.global_step);
     parts.timer.end_phase(Phase::kForward);
-    (loss / static_cast<double>(config.accumulation_steps)).backward();
+    const auto micro_loss = loss / static_cast<double>(config.accumulation_steps);
+    (parts.scaler ? parts.scaler->scale(micro_loss) : micro_loss).backward();
     parts.timer.end_phase(Phase::kBackward);
     compute_cpu_seconds += util::thread_cpu_seconds() - cpu_before;
     step_loss += loss.detach().to(torch::kFloat64) * static_cast<double>(host_batch.size());
@@ -204,7 +234,30 @@ bool train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t epoch
   // The averaged gradients are the same on every rank, so every rank takes
   // the same decision. One host read per step (none with --nonfinite off).
   bool applied = true;
-  if (config.nonfinite != "off" && !parts.gradients.gradients_finite()) {
+  if (parts.scaler) {
+    // fp16: unscaled before clipping; an overflow skips the step and halves
+    // the scale, on every rank alike (README: "Precision").
+    const auto found_inf = parts.scaler->unscale_and_check(parts.gradients.bucket_gradients());
+    const bool overflow = found_inf.item<bool>();
+    const double scale = overflow ? parts.scaler->current_scale() : 0.0;
+    parts.scaler->update(found_inf);
+    if (overflow) {
+      const std::string where =
+          "epoch " + std::to_string(epoch) + " optimiser step " + std::to_string(state.global_step);
+      if (scale < kMinLossScale && config.nonfinite == "stop") {
+        runtime::fatal_user_error(
+            "non-finite gradient at " + where + " even at loss scale " + std::to_string(scale) +
+                " (first bad parameter: " +
+                first_nonfinite_parameter(parts.model, /*check_values=*/false) +
+                "): not an fp16 overflow; stopping without a checkpoint of this step. Lower "
+                "--lr, set --grad-clip, or --nonfinite skip",
+            kExitNonFinite);
+      }
+      parts.log.info("fp16 overflow at " + where + ": step skipped, loss scale " +
+                     format_scale(scale) + " -> " + format_scale(scale * 0.5));
+      applied = false;
+    }
+  } else if (config.nonfinite != "off" && !parts.gradients.gradients_finite()) {
     const std::string where =
         "epoch " + std::to_string(epoch) + " optimiser step " + std::to_string(state.global_step);
     const std::string first = first_nonfinite_parameter(parts.model, /*check_values=*/false);
@@ -218,7 +271,8 @@ bool train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t epoch
     parts.log.warn("non-finite gradient at " + where + " (first bad parameter: " + first +
                    "): step skipped");
     applied = false;  // the next prepare_backward drops these gradients
-  } else {
+  }
+  if (applied) {
     loss_sum += step_loss;
     samples += step_samples;
     if (config.grad_clip > 0) clip_gradient_norm(parts.model->parameters(), config.grad_clip);
@@ -283,6 +337,7 @@ EpochStats train_epoch(TrainingParts& parts, data::ShardedLoader& loader,
     // totals for the checkpoint; the epoch's line is written when it ends.
     state.step_in_epoch = step;
     gather_partial_totals(parts.comm, loss_sum.item<double>(), samples, state);
+    record_loss_scale(parts, state, stats);
     stats.seconds = util::seconds_since(start);
     return stats;
   }
@@ -304,6 +359,7 @@ EpochStats train_epoch(TrainingParts& parts, data::ShardedLoader& loader,
   state.step_in_epoch = 0;
   state.partial_loss_sums.clear();
   state.partial_samples.clear();
+  record_loss_scale(parts, state, stats);
   return stats;
 }
 

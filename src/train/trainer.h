@@ -12,6 +12,7 @@
 #include "runtime/stop_request.h"  // StopAgreement
 #include "train/config.h"          // TrainConfig, FaultInjection
 #include "train/gradient_sync.h"   // GradientSynchronizer
+#include "train/loss_scaler.h"     // LossScaler
 #include "train/optimizer.h"       // VqaOptimizer
 #include "train/run_log.h"         // RunLog
 #include "train/run_state.h"       // TrainState, EpochStats
@@ -33,6 +34,7 @@ struct TrainingParts {
   StepTimer& timer;
   Timeline& timeline;
   RunLog& log;
+  LossScaler* scaler = nullptr;  // --precision fp16, else none
 };
 
 // Optimiser steps one epoch takes with this loader and configuration.

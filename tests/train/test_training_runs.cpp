@@ -286,6 +286,48 @@ TEST_F(TrainingRuns, NonFiniteGradientStopsEveryRankOrIsSkipped) {
   }
 }
 
+// --precision fp16 on 2 CPU ranks (the loss scaler around float32 compute),
+// growth every 4 finite steps, rank 1's loss NaN at step 9. The scale goes
+// 65536 -> 131072 (after step 3) -> 262144 (step 7) -> 131072 (step 9
+// overflows: skipped on every rank) -> 262144 (13) -> 524288 (17); each
+// epoch's end checks that every rank holds the same scale (the job stops
+// otherwise). Scaling by a power of two is exact, so epoch 0 equals the
+// float32 run exactly; a resume from epoch 1's checkpoint restores the scale
+// and its count and repeats epoch 2 exactly.
+TEST_F(TrainingRuns, Fp16LossScalingSkipsOverflowsAlikeAndSurvivesResume) {
+  const std::string common =
+      " --epochs 3 --max-steps-per-epoch 6 --global-batch 16 --batch-per-rank 8 --eval-every 0 ";
+  const std::string fp16 = common + "--precision fp16 --loss-scale-interval 4 --test-nan-step 9 ";
+  const auto scaled = train("fp16", 2, fp16);
+  EXPECT_NE(last_output_.find("fp16 overflow at epoch 1 optimiser step 9: step skipped, loss "
+                              "scale 262144 -> 131072"),
+            std::string::npos)
+      << last_output_;
+  const auto lines = metrics(scaled);
+  ASSERT_EQ(lines.size(), 3u);
+  const double expected_scale[3] = {131072, 131072, 524288};
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    EXPECT_EQ(lines[epoch]["loss_scale"].get<double>(), expected_scale[epoch]) << epoch;
+    EXPECT_EQ(lines[epoch]["skipped_steps"], epoch == 1 ? 1 : 0) << epoch;
+    EXPECT_TRUE(std::isfinite(lines[epoch]["train_loss"].get<double>()));
+  }
+  const auto plain = metrics(train("fp32", 2, common));
+  ASSERT_EQ(plain.size(), 3u);
+  EXPECT_EQ(lines[0]["train_loss"].get<double>(), plain[0]["train_loss"].get<double>());
+  EXPECT_FALSE(plain[0].contains("loss_scale"));
+
+  const auto resumed =
+      train("fp16-resumed", 2, fp16 + "--resume " + scaled + "/checkpoints/epoch-0001.pt");
+  EXPECT_NE(last_output_.find("fp16 loss scale 131072 from the checkpoint (2 finite steps "
+                              "towards growth)"),
+            std::string::npos)
+      << last_output_;
+  const auto again = metrics(resumed);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0]["loss_scale"].get<double>(), 524288.0);
+  EXPECT_EQ(again[0]["train_loss"].get<double>(), lines[2]["train_loss"].get<double>());
+}
+
 TEST_F(TrainingRuns, GlobalBatchThatDoesNotDivideIsRefusedOnEveryRank) {
   const auto result = vqa::testing::run_process(
       vqa::testing::mpirun_prefix(2) + VQA_TRAIN + " --train-data " + dataset_ + " --out " +
