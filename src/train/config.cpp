@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <sstream>
 
+#include <torch/version.h>
+
 #include "runtime/check.h"     // fatal_user_error
+#include "train/optimizer.h"   // aten_fused_adamw_available
 #include "train/projection.h"  // fabric_from_text
 #include "util/options.h"      // OptionTable, option_text
 
@@ -107,6 +110,9 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
       .add("test-slow-rank", &c.faults.slow_rank,
            "testing only: this rank spends --test-slow-ms more per micro-step in forward")
       .add("test-slow-ms", &c.faults.slow_ms, "testing only: see --test-slow-rank")
+      .add("test-aten-fused-adamw", &c.faults.aten_fused_adamw,
+           "testing only: ATen's fused AdamW, the GPU path (a non-finite step skipped on the "
+           "device and read a step later), on the CPU too; LibTorch 2.4 or later")
       .add("test-data-delay-ms", &c.faults.data_delay_ms,
            "testing only: every rank waits this long more for each batch")
       .add("out", &c.out, "run directory: log, metrics, config, checkpoints")
@@ -209,6 +215,10 @@ void config_finalize(TrainConfig& c, int world_size) {
   }
   if (c.nonfinite != "stop" && c.nonfinite != "skip" && c.nonfinite != "off") {
     fatal_user_error("--nonfinite must be stop, skip or off, got '" + c.nonfinite + "'");
+  }
+  if (c.faults.aten_fused_adamw && !aten_fused_adamw_available()) {
+    fatal_user_error(std::string("--test-aten-fused-adamw needs LibTorch 2.4 or later; this is ") +
+                     TORCH_VERSION);
   }
   if (c.faults.slow_ms < 0 || c.faults.data_delay_ms < 0) {
     fatal_user_error("--test-slow-ms and --test-data-delay-ms must be >= 0");

@@ -19,6 +19,9 @@ struct FaultInjection {
   int slow_rank = -1;     // this rank spends slow_ms more per micro-step in forward
   double slow_ms = 0.0;
   double data_delay_ms = 0.0;  // every rank waits this long more for each batch
+  // ATen's fused AdamW on the CPU too (the GPU path: skips decided on the
+  // device and read a step later); LibTorch 2.4 or later
+  bool aten_fused_adamw = false;
 };
 
 struct TrainConfig {

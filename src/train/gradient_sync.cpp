@@ -212,6 +212,14 @@ bool GradientSynchronizer::gradients_finite() const {
   return true;
 }
 
+torch::Tensor GradientSynchronizer::nonfinite_flag() const {
+  torch::NoGradGuard no_grad;
+  if (buckets_.empty()) return torch::zeros({}, torch::kBool);
+  std::vector<torch::Tensor> sums;
+  for (const auto& bucket : buckets_) sums.push_back(bucket.flat.sum());
+  return torch::logical_not(torch::isfinite(torch::stack(sums))).any();
+}
+
 std::vector<BucketTiming> GradientSynchronizer::last_step_timings() const {
   std::vector<BucketTiming> timings;
   for (int64_t k = 0; k < static_cast<int64_t>(buckets_.size()); ++k) {

@@ -89,6 +89,10 @@ class GradientSynchronizer {
   // True when every gradient of the last finish_backward() is finite: one
   // sum per bucket, read once (the exact check only when a sum is not finite).
   bool gradients_finite() const;
+  // The same check left on the device (no host read): a 0-dim bool, true
+  // when some bucket's sum is not finite (which finite values whose sum
+  // passes float32's 3.4e38 also give).
+  torch::Tensor nonfinite_flag() const;
 
   // Names of parameters that received no gradient on the first sync step,
   // handed over once: later calls return nothing.

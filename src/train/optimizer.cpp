@@ -1,9 +1,18 @@
 #include "train/optimizer.h"
 
 #include <ATen/Parallel.h>
+#include <torch/version.h>
+
+// ATen's fused AdamW with CPU and CUDA kernels and found_inf: LibTorch 2.4 on.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define VQA_ATEN_FUSED_ADAMW 1
+#endif
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -127,6 +136,22 @@ double linear_schedule_factor(int64_t step, int64_t warmup, int64_t total) {
   return std::max(0.0, static_cast<double>(total - step) / std::max<int64_t>(1, total - warmup));
 }
 
+bool aten_fused_adamw_available() {
+#ifdef VQA_ATEN_FUSED_ADAMW
+  return true;
+#else
+  return false;
+#endif
+}
+
+AtenAdamWCoefficients aten_fused_coefficients(bool transformers, double lr, double weight_decay,
+                                              double eps, double beta2, int64_t step) {
+  if (!transformers) return {lr, weight_decay, eps};
+  const double decay = 1 - lr * weight_decay;
+  const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
+  return {lr * decay, decay > 0 ? weight_decay / decay : 0.0, eps / std::sqrt(bias_correction2)};
+}
+
 VqaOptimizer::VqaOptimizer(model::M3AE& model, const OptimizerSettings& settings)
     : settings_(settings) {
   // transformers' schedules take int(ratio x steps); ours rounds up, so that
@@ -152,6 +177,18 @@ VqaOptimizer::VqaOptimizer(model::M3AE& model, const OptimizerSettings& settings
   }
   adamw_ = std::make_unique<torch::optim::AdamW>(
       groups, torch::optim::AdamWOptions(settings.lr).betas({0.9, 0.98}).eps(1e-8));
+  const auto parameters = model->parameters();
+  const bool gpu = !parameters.empty() && parameters.front().device().is_cuda();
+  on_device_path_ = aten_fused_adamw_available() && (gpu || settings.aten_fused_on_cpu);
+}
+
+bool VqaOptimizer::masks_on_device() const { return on_device_path_; }
+
+void VqaOptimizer::undo_step_count() {
+  for (auto& entry : adamw_->state()) {
+    auto& state = static_cast<torch::optim::AdamWParamState&>(*entry.second);
+    state.step(std::max<int64_t>(0, state.step() - 1));
+  }
 }
 
 int64_t VqaOptimizer::state_bytes() const {
@@ -168,13 +205,17 @@ double VqaOptimizer::learning_rate(int64_t step) const {
   return settings_.lr * linear_schedule_factor(step, warmup_steps_, settings_.total_steps);
 }
 
-void VqaOptimizer::step(int64_t step) {
+void VqaOptimizer::step(int64_t step, const torch::Tensor& found_inf) {
   const double lr = learning_rate(step);
   auto& groups = adamw_->param_groups();
   for (size_t i = 0; i < groups.size(); ++i) {
     static_cast<torch::optim::AdamWOptions&>(groups[i].options()).lr(lr * multipliers_[i]);
   }
-  if (settings_.fused_cpu && fused_step_possible()) {
+  TORCH_CHECK(!found_inf.defined() || on_device_path_,
+              "a device skip flag needs the ATen fused AdamW path");
+  if (on_device_path_) {
+    aten_fused_step(found_inf);
+  } else if (settings_.fused_cpu && fused_step_possible()) {
     fused_step();
   } else if (settings_.recipe == OptimizerRecipe::kM3ae) {
     transformers_step();
@@ -281,6 +322,66 @@ void VqaOptimizer::fused_step() {
                            state.exp_avg().data_ptr<float>(), state.exp_avg_sq().data_ptr<float>(),
                            parameter.numel(), coefficients);
       });
+}
+
+// ATen's fused AdamW, one call per parameter group and step count: the
+// moments stay in LibTorch's states (checkpoints unchanged), the step counts
+// also on the device (the kernel reads them there), counted on both sides
+// and taken back on the device at once when found_inf is true (as PyTorch's
+// _fused_adamw does it); the host takes its count back when it learns of the
+// skip (undo_step_count).
+void VqaOptimizer::aten_fused_step(const torch::Tensor& found_inf) {
+#ifdef VQA_ATEN_FUSED_ADAMW
+  torch::NoGradGuard no_grad;
+  const bool transformers = settings_.recipe == OptimizerRecipe::kM3ae;
+  std::optional<at::Tensor> skip;
+  if (found_inf.defined()) skip = found_inf.to(torch::kFloat32).reshape({});
+  size_t index = 0;
+  for (auto& group : adamw_->param_groups()) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    const auto [beta1, beta2] = options.betas();
+    // Parameters with a gradient, by their step count (one call per count;
+    // all alike unless a parameter went without a gradient on some step).
+    std::map<int64_t, std::array<std::vector<at::Tensor>, 5>> calls;
+    for (auto& parameter : group.params()) {
+      const size_t slot = index++;
+      const torch::Tensor& gradient = parameter.grad();
+      if (!gradient.defined()) continue;
+      auto& state = adamw_state_of(*adamw_, parameter);
+      if (device_steps_.size() <= slot) {
+        device_steps_.resize(slot + 1);
+        device_steps_for_.resize(slot + 1, nullptr);
+      }
+      if (device_steps_for_[slot] != state.exp_avg().unsafeGetTensorImpl()) {
+        device_steps_[slot] =
+            torch::full({}, static_cast<double>(state.step()),
+                        torch::TensorOptions().dtype(torch::kFloat32).device(parameter.device()));
+        device_steps_for_[slot] = state.exp_avg().unsafeGetTensorImpl();
+      }
+      state.step(state.step() + 1);
+      auto& call = calls[state.step()];
+      call[0].push_back(parameter);
+      call[1].push_back(gradient);
+      call[2].push_back(state.exp_avg());
+      call[3].push_back(state.exp_avg_sq());
+      call[4].push_back(device_steps_[slot]);
+    }
+    for (auto& [count, tensors] : calls) {
+      const auto c = aten_fused_coefficients(transformers, options.lr(), options.weight_decay(),
+                                             options.eps(), beta2, count);
+      at::_foreach_add_(tensors[4], 1);
+      at::_fused_adamw_(tensors[0], tensors[1], tensors[2], tensors[3], /*max_exp_avg_sqs=*/{},
+                        tensors[4], c.lr, beta1, beta2, c.weight_decay, c.eps, /*amsgrad=*/false,
+                        /*maximize=*/false, /*grad_scale=*/std::nullopt, skip);
+      if (skip) {
+        at::_foreach_sub_(tensors[4], std::vector<at::Tensor>(tensors[4].size(), *skip));
+      }
+    }
+  }
+#else
+  (void)found_inf;
+  TORCH_CHECK(false, "ATen's fused AdamW needs LibTorch 2.4 or later");
+#endif
 }
 
 }  // namespace vqa::train

@@ -17,8 +17,14 @@
 // checkpoints keep LibTorch's format. On the CPU the update itself is one
 // fused pass per tensor (adamw_update_fused) instead of LibTorch's eight
 // tensor operations and two temporaries per tensor: about 4x faster for the
-// `small` preset on one core. Elsewhere, or with fused_cpu = false,
-// torch::optim::AdamW::step runs.
+// `small` preset on one core. On a GPU with LibTorch 2.4 or later the step is
+// ATen's fused multi-tensor AdamW (at::_fused_adamw_, PyTorch's fused=True):
+// one call per parameter group, the step counts on the device, and a device
+// flag (found_inf) that turns the whole step into a no-op without the host
+// reading it; the m3ae recipe goes through it too, its formula mapped exactly
+// (aten_fused_coefficients). Elsewhere, or with fused_cpu = false,
+// torch::optim::AdamW::step runs (transformers' formula in tensor operations
+// for the m3ae recipe).
 #pragma once
 
 #include <torch/torch.h>
@@ -45,15 +51,39 @@ struct OptimizerSettings {
   double warmup_ratio = 0.1;
   int64_t total_steps = 1;  // optimiser steps over the whole run
   bool fused_cpu = true;    // false: LibTorch's AdamW::step on the CPU too
+  // ATen's fused AdamW on the CPU as well as on GPUs (tests of that path on
+  // machines without a GPU); needs LibTorch 2.4 or later.
+  bool aten_fused_on_cpu = false;
 };
+
+// True when this LibTorch has ATen's fused AdamW (2.4 or later).
+bool aten_fused_adamw_available();
+
+// transformers' AdamW in the terms of PyTorch's (what at::_fused_adamw_
+// computes): lr' = lr d and wd' = wd / d with d = 1 - lr wd turn "decay
+// after the step" into "decay before it", and eps' = eps / sqrt(1 -
+// beta2^t) moves eps inside the bias correction as transformers has it.
+struct AtenAdamWCoefficients {
+  double lr, weight_decay, eps;
+};
+AtenAdamWCoefficients aten_fused_coefficients(bool transformers, double lr, double weight_decay,
+                                              double eps, double beta2, int64_t step);
 
 class VqaOptimizer {
  public:
   VqaOptimizer(model::M3AE& model, const OptimizerSettings& settings);
 
   // Sets every group's lr for optimiser step `step` (0-based), then steps
-  // every parameter that has a gradient.
-  void step(int64_t step);
+  // every parameter that has a gradient. With `found_inf` (a 0-dim tensor on
+  // the parameters' device, true: skip), only where masks_on_device(): the
+  // step is a no-op on the device when it is true, and the host does not
+  // read it; call undo_step_count() once the host learns it was.
+  void step(int64_t step, const torch::Tensor& found_inf = {});
+  // True when step() takes the ATen fused path (GPU, or aten_fused_on_cpu).
+  bool masks_on_device() const;
+  // A step that found_inf skipped on the device: its count comes off every
+  // parameter's state again (the next step's bias correction is right).
+  void undo_step_count();
   // The encoders' learning rate at `step` (the others are multiples of it).
   double learning_rate(int64_t step) const;
 
@@ -64,6 +94,7 @@ class VqaOptimizer {
  private:
   bool fused_step_possible() const;
   void fused_step();
+  void aten_fused_step(const torch::Tensor& found_inf);
   // transformers' AdamW in tensor operations (any device), for the m3ae
   // recipe where the fused CPU step cannot run.
   void transformers_step();
@@ -72,6 +103,12 @@ class VqaOptimizer {
   int64_t warmup_steps_ = 0;
   std::vector<double> multipliers_;  // per parameter group
   std::unique_ptr<torch::optim::AdamW> adamw_;
+  bool on_device_path_ = false;  // masks_on_device(), fixed at construction
+  // Per parameter (in group order) its step count on the device, float32,
+  // and the moment tensor it was made for (a checkpoint load replaces the
+  // moments, so the counts are made again from the states).
+  std::vector<torch::Tensor> device_steps_;
+  std::vector<const void*> device_steps_for_;
 };
 
 // Linear warm-up over `warmup` steps from 0, then linear decay to 0 at

@@ -289,6 +289,7 @@ OptimizerSettings optimizer_settings_from(const TrainConfig& config, int64_t tot
   settings.warmup_ratio = config.warmup_ratio;
   settings.total_steps = total_steps;
   settings.recipe = optimizer_recipe_from_string(config.optimizer_recipe);
+  settings.aten_fused_on_cpu = config.faults.aten_fused_adamw;
   return settings;
 }
 

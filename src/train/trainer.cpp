@@ -190,8 +190,41 @@ void record_loss_scale(TrainingParts& parts, TrainState& state, EpochStats& stat
 
 }  // namespace
 
-bool train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t epoch, TrainState& state,
-                torch::Tensor& loss_sum, int64_t& samples, double& compute_cpu_seconds) {
+int64_t settle_deferred_skip(TrainingParts& parts, DeferredSkip& deferred, int64_t& samples) {
+  if (!deferred.flag.pending() || !deferred.flag.take()) return 0;
+  const TrainConfig& config = parts.config;
+  parts.optimizer.undo_step_count();
+  samples -= deferred.samples;  // its loss never went in (masked on the device)
+  const std::string where = "epoch " + std::to_string(deferred.epoch) + " optimiser step " +
+                            std::to_string(deferred.step);
+  if (parts.scaler) {
+    // The scale now is what that step's overflow left (read only now, rarely).
+    const double scale = parts.scaler->current_scale() / parts.scaler->options().backoff_factor;
+    if (scale < kMinLossScale && config.nonfinite == "stop") {
+      runtime::fatal_user_error("non-finite gradient at " + where + " even at loss scale " +
+                                    format_scale(scale) +
+                                    ": not an fp16 overflow; stopping without a checkpoint of "
+                                    "that step. Lower --lr, set --grad-clip, or --nonfinite skip",
+                                kExitNonFinite);
+    }
+    parts.log.info("fp16 overflow at " + where + ": step skipped, loss scale " +
+                   format_scale(scale) + " -> " + format_scale(parts.scaler->current_scale()));
+    return 1;
+  }
+  if (config.nonfinite == "stop") {
+    runtime::fatal_user_error("non-finite gradient at " + where +
+                                  " (found on the device, a step later; the weights never took "
+                                  "it); stopping without a checkpoint of that step. Lower --lr, "
+                                  "set --grad-clip, or --nonfinite skip",
+                              kExitNonFinite);
+  }
+  parts.log.warn("non-finite gradient at " + where + ": step skipped");
+  return 1;
+}
+
+int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t epoch,
+                   TrainState& state, torch::Tensor& loss_sum, int64_t& samples,
+                   double& compute_cpu_seconds, DeferredSkip& deferred) {
   const TrainConfig& config = parts.config;
   const FaultInjector faults(config.faults, parts.comm);
   parts.comm.set_position(epoch, state.global_step);
@@ -232,7 +265,41 @@ bool train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t epoch
   parts.timer.end_phase(Phase::kCommExposed);
 
   // The averaged gradients are the same on every rank, so every rank takes
-  // the same decision. One host read per step (none with --nonfinite off).
+  // the same decision.
+  if (parts.optimizer.masks_on_device()) {
+    // No host read: the optimiser skips on the device; the host learns of it
+    // a step later (the flag of the previous step is read first, before this
+    // step's scaler update, so that its message sees that step's scale).
+    const int64_t learnt = settle_deferred_skip(parts, deferred, samples);
+    torch::Tensor found_inf;
+    if (parts.scaler) {
+      found_inf = parts.scaler->unscale_and_check(parts.gradients.bucket_gradients());
+      parts.scaler->update(found_inf);
+    } else if (config.nonfinite != "off") {
+      found_inf = parts.gradients.nonfinite_flag();
+    }
+    // A skipped step's loss (NaN, perhaps) stays out of the total on the
+    // device; its samples come off on the host once it knows.
+    loss_sum += found_inf.defined()
+                    ? torch::where(found_inf, torch::zeros_like(step_loss), step_loss)
+                    : step_loss;
+    samples += step_samples;
+    if (config.grad_clip > 0) clip_gradient_norm(parts.model->parameters(), config.grad_clip);
+    parts.optimizer.step(state.global_step, found_inf);
+    if (found_inf.defined()) {
+      deferred.flag.capture(found_inf);
+      deferred.epoch = epoch;
+      deferred.step = state.global_step;
+      deferred.samples = step_samples;
+    }
+    parts.timer.end_phase(Phase::kOptimizer);
+    parts.timer.end_step();
+    timeline_add_collectives(parts, state.global_step);
+    ++state.global_step;
+    return learnt;
+  }
+
+  // Decided by the host: one read per step (none with --nonfinite off).
   bool applied = true;
   if (parts.scaler) {
     // fp16: unscaled before clipping; an overflow skips the step and halves
@@ -282,7 +349,7 @@ bool train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t epoch
   parts.timer.end_step();
   if (applied) timeline_add_collectives(parts, state.global_step);
   ++state.global_step;
-  return applied;
+  return applied ? 0 : 1;
 }
 
 EpochStats train_epoch(TrainingParts& parts, data::ShardedLoader& loader,
@@ -306,18 +373,16 @@ EpochStats train_epoch(TrainingParts& parts, data::ShardedLoader& loader,
                               torch::TensorOptions().dtype(torch::kFloat64).device(parts.device));
   int64_t samples = restored_samples;
   EpochStats stats;
+  DeferredSkip deferred;  // where the optimiser skips on the device
   int64_t step = first_step;
   for (; step < steps; ++step) {
     if (stop.poll()) {
       stats.stop_signal = stop.signal();
       break;
     }
-    const double learning_rate = parts.optimizer.learning_rate(state.global_step);
-    if (train_step(parts, loader, epoch, state, loss_sum, samples, stats.compute_cpu_seconds)) {
-      stats.learning_rate = learning_rate;
-    } else {
-      ++stats.skipped_steps;
-    }
+    stats.learning_rate = parts.optimizer.learning_rate(state.global_step);
+    stats.skipped_steps += train_step(parts, loader, epoch, state, loss_sum, samples,
+                                      stats.compute_cpu_seconds, deferred);
     // Timings of steps the device has finished; never waits.
     for (auto& times : parts.timer.collect(/*wait=*/false)) {
       stats.step_times.push_back(std::move(times));
@@ -328,6 +393,7 @@ EpochStats train_epoch(TrainingParts& parts, data::ShardedLoader& loader,
   if (show_progress) parts.log.clear_progress();
   for (auto& times : parts.timer.collect(/*wait=*/true))
     stats.step_times.push_back(std::move(times));
+  stats.skipped_steps += settle_deferred_skip(parts, deferred, samples);
   stats.optimizer_steps = steps;
   stats.data_wait_seconds = loader.wait_seconds() - data_wait_before;
   stats.comm_wait_seconds = parts.gradients.stats().exposed_wait_seconds - comm_wait_before;

@@ -11,6 +11,7 @@
 #include "runtime/communicator.h"  // Communicator
 #include "runtime/stop_request.h"  // StopAgreement
 #include "train/config.h"          // TrainConfig, FaultInjection
+#include "train/deferred_flag.h"   // DeferredFlag
 #include "train/gradient_sync.h"   // GradientSynchronizer
 #include "train/loss_scaler.h"     // LossScaler
 #include "train/optimizer.h"       // VqaOptimizer
@@ -53,15 +54,37 @@ std::string first_nonfinite_parameter(model::M3AE& model, bool check_values);
 // double, the scale stays on the device: no host synchronisation per step.
 void clip_gradient_norm(const std::vector<torch::Tensor>& parameters, double max_norm);
 
+// A step whose skip decision (a non-finite gradient, an fp16 overflow) was
+// left on the device: the optimiser made it a no-op there if so, and the
+// host reads the flag a step later (settle_deferred_skip) for the message,
+// the count, the --nonfinite stop exit and the loss totals.
+struct DeferredSkip {
+  DeferredFlag flag;
+  int64_t epoch = 0, step = 0;
+  int64_t samples = 0;  // the step's samples, already in the epoch's count
+};
+
 // One optimiser step, state.global_step: its micro-steps' batches from
 // `loader`, forward, backward (the buckets are averaged over the ranks as
 // backward runs), then the non-finite policy, clipping and the optimiser.
 // Adds the step's loss sum (on the device) and sample count to the running
-// totals unless the step was dropped as non-finite (--nonfinite skip), which
-// it returns as false. Advances state.global_step either way. Adds the main
+// totals unless the step was dropped as non-finite (--nonfinite skip, an
+// fp16 overflow). Advances state.global_step either way. Adds the main
 // thread's CPU seconds in forward and backward to `compute_cpu_seconds`.
-bool train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t epoch, TrainState& state,
-                torch::Tensor& loss_sum, int64_t& samples, double& compute_cpu_seconds);
+// Returns how many dropped steps it learnt of: this one, decided by the host
+// (CPU, or LibTorch without ATen's fused AdamW), or, where the optimiser
+// skips on the device (VqaOptimizer::masks_on_device), the previous step,
+// whose flag `deferred` held (this step's takes its place).
+int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t epoch,
+                   TrainState& state, torch::Tensor& loss_sum, int64_t& samples,
+                   double& compute_cpu_seconds, DeferredSkip& deferred);
+
+// Reads a deferred flag, if one is pending: when the step was skipped, takes
+// its samples out of the count (its loss was kept out on the device), its
+// count off the optimiser's
+// states, says so in the log (or ends the job under --nonfinite stop) and
+// returns 1; else 0.
+int64_t settle_deferred_skip(TrainingParts& parts, DeferredSkip& deferred, int64_t& samples);
 
 // Runs the optimiser steps of epoch state.next_epoch from state.step_in_epoch
 // on. At every step boundary every rank polls `stop`; when the ranks agree

@@ -63,6 +63,9 @@ export PATH=$work/bin:$usr/bin:$PATH
 export LD_LIBRARY_PATH=$lib/openmpi/lib:$lib/hdf5/openmpi:$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PKG_CONFIG_PATH=$lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$prefix
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# One host: Open MPI's launcher without ssh or rsh (its rsh launcher refuses
+# to start, even for -np 1, when neither is on PATH).
+export OMPI_MCA_plm=isolated
 stage_done
 
 # ---- 1. build against the CUDA LibTorch with NCCL -------------------------------
@@ -94,7 +97,13 @@ stage_done
 stage communicator
 mpirun -np 1 "$work/build/tests/runtime/test_communicator" >"$out/test_communicator.log" 2>&1 ||
   { tail -n 40 "$out/test_communicator.log"; die "test_communicator"; }
-say "  $(grep -cE '^\[       OK \]' "$out/test_communicator.log") tests passed, $(grep -cE '^\[  SKIPPED \]' "$out/test_communicator.log") skipped"
+skipped=$(grep -cE '^\[  SKIPPED \]' "$out/test_communicator.log" || true)
+say "  $(grep -cE '^\[       OK \]' "$out/test_communicator.log") tests passed, $skipped skipped"
+# With a GPU every test must run: a SKIP there means CUDA or NCCL was not usable.
+if [[ $device == cuda ]] && ((skipped > 0)); then
+  grep -E '^\[  SKIPPED \]' "$out/test_communicator.log" | sed 's/^/gpu-check:   /' | tee -a "$summary"
+  die "tests skipped on a GPU machine"
+fi
 if [[ $device == cuda ]]; then
   mpirun -np 1 "$work/build/vqa_allreduce_bench" --backend nccl --device cuda -b 1M -e 256M -f 4 \
     >"$out/allreduce_bench.log" 2>&1 || { tail -n 20 "$out/allreduce_bench.log"; die "vqa_allreduce_bench"; }

@@ -4,6 +4,7 @@
 // that does not divide, gradient clipping and the bfloat16 allreduce.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -326,6 +327,57 @@ TEST_F(TrainingRuns, Fp16LossScalingSkipsOverflowsAlikeAndSurvivesResume) {
   ASSERT_EQ(again.size(), 1u);
   EXPECT_EQ(again[0]["loss_scale"].get<double>(), 524288.0);
   EXPECT_EQ(again[0]["train_loss"].get<double>(), lines[2]["train_loss"].get<double>());
+}
+
+// The GPU path's decisions on the device (ATen's fused AdamW, LibTorch 2.4
+// on, forced onto the CPU with --test-aten-fused-adamw): the optimiser turns
+// a bad step into a no-op without the host reading the flag, and the host
+// learns of it a step later. The same outcomes as the host's decisions: the
+// fp16 scales and skipped step of the test above, --nonfinite skip's count
+// and message, --nonfinite stop's exit 3 with nothing saved after the bad step.
+TEST_F(TrainingRuns, SkipsDecidedOnTheDeviceAreReadAStepLater) {
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 4)
+  GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no at::_fused_adamw_ (2.4 on)";
+#endif
+  const std::string common =
+      " --epochs 3 --max-steps-per-epoch 6 --global-batch 16 --batch-per-rank 8 --eval-every 0 "
+      "--test-aten-fused-adamw true ";
+  train("device-fp16", 2, common + "--precision fp16 --loss-scale-interval 4 --test-nan-step 9 ");
+  EXPECT_NE(last_output_.find("fp16 overflow at epoch 1 optimiser step 9: step skipped, loss "
+                              "scale 262144 -> 131072"),
+            std::string::npos)
+      << last_output_;
+  const auto scaled = metrics(directory_ + "/device-fp16");
+  ASSERT_EQ(scaled.size(), 3u);
+  const double expected_scale[3] = {131072, 131072, 524288};
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    EXPECT_EQ(scaled[epoch]["loss_scale"].get<double>(), expected_scale[epoch]) << epoch;
+    EXPECT_EQ(scaled[epoch]["skipped_steps"], epoch == 1 ? 1 : 0) << epoch;
+    EXPECT_TRUE(std::isfinite(scaled[epoch]["train_loss"].get<double>()));
+  }
+
+  const auto skipped =
+      metrics(train("device-skip", 2, common + "--test-nan-step 9 --nonfinite skip"));
+  EXPECT_NE(last_output_.find("non-finite gradient at epoch 1 optimiser step 9: step skipped"),
+            std::string::npos)
+      << last_output_;
+  ASSERT_EQ(skipped.size(), 3u);
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    EXPECT_EQ(skipped[epoch]["skipped_steps"], epoch == 1 ? 1 : 0) << epoch;
+    EXPECT_TRUE(std::isfinite(skipped[epoch]["train_loss"].get<double>()));
+  }
+
+  const std::string out = directory_ + "/device-stop";
+  const auto stopped = vqa::testing::run_process(
+      vqa::testing::mpirun_prefix(2) + VQA_TRAIN + " --train-data " + dataset_ + " --out " + out +
+          " --threads 1 --progress off --seed 3 " + common + "--test-nan-step 9",
+      120);
+  EXPECT_EQ(stopped.exit_code, 3) << stopped.output;
+  EXPECT_NE(stopped.output.find("non-finite gradient at epoch 1 optimiser step 9 (found on the "
+                                "device, a step later"),
+            std::string::npos)
+      << stopped.output;
+  EXPECT_FALSE(fs::exists(out + "/checkpoints/epoch-0001.pt"));
 }
 
 TEST_F(TrainingRuns, GlobalBatchThatDoesNotDivideIsRefusedOnEveryRank) {
