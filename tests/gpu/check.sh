@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check, in one command, on a machine with a GPU, CUDA, a CUDA
 # PyTorch (whose wheel carries a full CUDA LibTorch) and the NCCL wheel:
+#   0. unpacks .gpu-check/debs into a prefix, then a preflight before any
+#      build: the tools, `ldd` of every unpacked library and program with
+#      nothing "not found", `mpirun -np 1 hostname`, torch's and CUDA's
+#      versions (and a usable GPU unless VQA_GPU_DEVICE=cpu);
 #   1. builds vqa_train, vqa_allreduce_bench and the communicator tests
 #      against that LibTorch with -DVQA_WITH_NCCL=ON, Open MPI, HDF5, Boost
 #      and OpenCV coming from .gpu-check/debs (tests/gpu/make_bundle.sh),
@@ -8,11 +12,14 @@
 #   2. runs the communicator tests (their NCCL cases need the GPU; they SKIP
 #      without one) and vqa_allreduce_bench with NCCL (a wrong element makes
 #      it fail);
-#   3. trains the base preset for a few steps in bfloat16 on 1 rank (NCCL
-#      refuses two ranks on one GPU) and prints samples/s, the step phases,
-#      the peak GPU memory (nvidia-smi, sampled every 100 ms) and an estimate
-#      of the model FLOP utilisation (the model's matrix products counted from
-#      its sizes, x3 for forward and backward, over the GPU's dense bf16 peak).
+#   3. trains the base preset in bfloat16 on 1 rank (NCCL refuses two ranks
+#      on one GPU) with 2 accumulation steps, --bf16-allreduce, evaluation and
+#      a checkpoint every epoch, then resumes it for one more epoch with
+#      --resume auto, then runs float16 with loss scaling; prints samples/s,
+#      the step phases, the peak GPU memory (nvidia-smi, sampled every 100
+#      ms) and an estimate of the model FLOP utilisation (the model's matrix
+#      products counted from its sizes, x3 for forward and backward, over the
+#      GPU's dense bf16 peak).
 # Prints one line per stage with its time; logs and a summary go to $OUT (or
 # .gpu-check/out). Exits non-zero on any failure.
 #
@@ -20,20 +27,26 @@
 #
 # Settings (environment): VQA_GPU_PEAK_TFLOPS (default 989, an H100/H200's
 # dense bf16), VQA_GPU_EPOCHS (default 3: the last is timed, the first warms
-# up; the bundle's 128 questions make 8 steps of 16 per epoch), VQA_GPU_BATCH
-# (per step, default 16), TORCH_DIR (LibTorch's CMake folder;
-# default: the one of python3's torch), VQA_GPU_DEVICE=cpu (a dry run of the
-# route on a machine without a GPU: stage 3 trains on the CPU).
+# up; the bundle's 128 questions make 4 optimiser steps of 2 x 16 per
+# epoch), VQA_GPU_BATCH (per micro-step, default 16), VQA_GPU_STEPS
+# (optimiser steps per epoch, default 0: all), VQA_GPU_PRESET
+# (default base), TORCH_DIR (LibTorch's CMake folder; default: the one of
+# python3's torch), VQA_GPU_WORK (default .gpu-check/work: the prefix and
+# the build; a second call reuses the build), VQA_GPU_DEVICE=cpu (a dry run
+# of the route on a machine without a GPU: stage 3 trains on the CPU; use a
+# small VQA_GPU_PRESET and VQA_GPU_STEPS there).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source_dir=$PWD
 bundle=$source_dir/.gpu-check
 out=${OUT:-$bundle/out}
 mkdir -p "$out"
-work=$(mktemp -d "${TMPDIR:-/tmp}/vqa-gpu-check-XXXXXX")
+work=${VQA_GPU_WORK:-$bundle/work}
+mkdir -p "$work"
 device=${VQA_GPU_DEVICE:-cuda}
 epochs=${VQA_GPU_EPOCHS:-3}
 batch=${VQA_GPU_BATCH:-16}
+preset=${VQA_GPU_PRESET:-base}
 peak_tflops=${VQA_GPU_PEAK_TFLOPS:-989}
 summary=$out/summary.txt
 : >"$summary"
@@ -46,6 +59,7 @@ stage_done() { say "stage $stage_name: $(($(date +%s) - stage_start)) s ok"; }
 # ---- 0. the prefix with Open MPI, HDF5, Boost, OpenCV -------------------------
 stage prefix
 prefix=$work/prefix
+rm -rf "$prefix"
 mkdir -p "$prefix" "$work/bin"
 if compgen -G "$bundle/debs/*.deb" >/dev/null; then
   for deb in "$bundle"/debs/*.deb; do dpkg -x "$deb" "$prefix"; done
@@ -54,13 +68,18 @@ else
 fi
 usr=$prefix/usr
 lib=$usr/lib/x86_64-linux-gnu
+# Links to absolute paths (zlib1g-dev's libz.so -> /lib/...) point into the
+# prefix instead.
+while IFS= read -r link; do
+  ln -sfn "$prefix$(readlink "$link")" "$link"
+done < <(find "$prefix" -type l -lname '/*')
 # Debian's alternatives links are not in the packages: name the tools.
 for tool in mpirun mpiexec mpicc mpicxx; do ln -sf "$usr/bin/$tool.openmpi" "$work/bin/$tool"; done
 # h5pcc is a script with Debian's /usr in it.
 sed "s#/usr#$usr#g" "$usr/bin/h5pcc.openmpi" >"$work/bin/h5pcc" && chmod +x "$work/bin/h5pcc"
 export OPAL_PREFIX=$usr  # Open MPI relocated: its wrappers and components under the prefix
 export PATH=$work/bin:$usr/bin:$PATH
-export LD_LIBRARY_PATH=$lib/openmpi/lib:$lib/hdf5/openmpi:$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$lib/openmpi/lib:$lib/hdf5/openmpi:$lib:$prefix/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PKG_CONFIG_PATH=$lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$prefix
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # One host: Open MPI's launcher without ssh or rsh (its rsh launcher refuses
@@ -68,9 +87,35 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_plm=isolated
 stage_done
 
+# ---- preflight: what the build and the runs need, before building -------------
+stage preflight
+python=${PYTHON:-python3}
+missing_tools=()
+for tool in cmake ninja c++ "$python" pkg-config mpirun; do
+  command -v "$tool" >/dev/null || missing_tools+=("$tool")
+done
+((${#missing_tools[@]} == 0)) || die "missing tools: ${missing_tools[*]}"
+# Every unpacked library and program must find its libraries.
+not_found=$(find "$usr/lib" "$usr/bin" "$prefix/lib" -type f \( -name '*.so*' -o -perm -u+x \) \
+  2>/dev/null | while IFS= read -r file; do
+  { ldd "$file" 2>/dev/null || true; } | { grep 'not found' || true; } | sed "s#^#${file#"$prefix"}: #"
+done | sort -u)
+if [[ -n $not_found ]]; then
+  printf '%s\n' "$not_found" | head -n 40 | sed 's/^/gpu-check:   /' | tee -a "$summary"
+  die "libraries not found (add their packages to tests/gpu/make_bundle.sh)"
+fi
+mpirun -np 1 hostname >"$out/mpirun_hostname.log" 2>&1 || { cat "$out/mpirun_hostname.log"; die "mpirun -np 1 hostname"; }
+torch_line=$("$python" -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())') ||
+  die "python cannot import torch ($python)"
+say "  torch, CUDA, GPU usable: $torch_line"
+if [[ $device == cuda ]]; then
+  [[ $torch_line == *True ]] || die "torch sees no usable GPU"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu-check:   /' | tee -a "$summary"
+fi
+stage_done
+
 # ---- 1. build against the CUDA LibTorch with NCCL -------------------------------
 stage build
-python=${PYTHON:-python3}
 torch_dir=${TORCH_DIR:-$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')}
 nccl_flags=(-DVQA_WITH_NCCL=ON)
 if [[ $device == cpu ]]; then
@@ -95,7 +140,7 @@ stage_done
 
 # ---- 2. the communicator tests and the NCCL allreduce benchmark -----------------
 stage communicator
-mpirun -np 1 "$work/build/tests/runtime/test_communicator" >"$out/test_communicator.log" 2>&1 ||
+mpirun -np 1 "$work/build/tests/runtime/test_communicator" --gtest_color=no >"$out/test_communicator.log" 2>&1 ||
   { tail -n 40 "$out/test_communicator.log"; die "test_communicator"; }
 skipped=$(grep -cE '^\[  SKIPPED \]' "$out/test_communicator.log" || true)
 say "  $(grep -cE '^\[       OK \]' "$out/test_communicator.log") tests passed, $skipped skipped"
@@ -118,13 +163,34 @@ if command -v nvidia-smi >/dev/null && [[ $device == cuda ]]; then
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$memory_log" &
   sampler=$!
 fi
-mpirun -np 1 "$work/build/vqa_train" --train-data "$bundle/synth384.h5" --out "$work/run" \
-  --preset base --device "$device" --bf16-autocast true --epochs "$epochs" \
-  --global-batch "$batch" --batch-per-rank "$batch" --eval-every 0 --save-every 0 \
-  --progress off >"$out/train.log" 2>&1 || { tail -n 30 "$out/train.log"; die "training run"; }
+precision=bf16
+[[ $device == cpu ]] && precision=fp32
+# Every epoch evaluates and saves; 2 accumulation steps; bfloat16 buckets.
+common_flags=(--train-data "$bundle/synth384.h5" --preset "$preset" --device "$device"
+  --global-batch $((2 * batch)) --batch-per-rank "$batch" --bf16-allreduce true --progress off
+  --max-steps-per-epoch "${VQA_GPU_STEPS:-0}")
+train_flags=("${common_flags[@]}" --out "$work/run" --eval-every 1 --save-every 1)
+rm -rf "$work/run" "$work/run-fp16"
+mpirun -np 1 "$work/build/vqa_train" "${train_flags[@]}" --precision "$precision" \
+  --epochs "$epochs" >"$out/train.log" 2>&1 || { tail -n 30 "$out/train.log"; die "training run"; }
+cp "$work/run/metrics.jsonl" "$out/metrics.jsonl"  # its last epoch is the timed one
+# One more epoch from the last checkpoint.
+mpirun -np 1 "$work/build/vqa_train" "${train_flags[@]}" --precision "$precision" \
+  --epochs $((epochs + 1)) --resume auto >"$out/train_resume.log" 2>&1 ||
+  { tail -n 30 "$out/train_resume.log"; die "resumed training run"; }
+grep -q 'resumed from' "$out/train_resume.log" || die "the resumed run did not say 'resumed from'"
+say "  resume: $(grep -m1 -o 'resumed from.*' "$out/train_resume.log")"
+# float16 with dynamic loss scaling (on the CPU: the scaler around float32).
+mpirun -np 1 "$work/build/vqa_train" "${common_flags[@]}" --out "$work/run-fp16" --precision fp16 \
+  --epochs 2 --save-every 0 --eval-every 0 >"$out/train_fp16.log" 2>&1 ||
+  { tail -n 30 "$out/train_fp16.log"; die "fp16 training run"; }
+say "  fp16: $("$python" -c 'import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); print("loss %.4f, loss scale %g, skipped steps %d, samples/s %.1f" % (r["train_loss"], r.get("loss_scale", 0), r["skipped_steps"], r["samples_per_second"]))' "$work/run-fp16/metrics.jsonl")"
 [[ -n ${sampler:-} ]] && kill "$sampler" 2>/dev/null
-cp "$work/run/metrics.jsonl" "$out/metrics.jsonl"
-grep -E '^model:|^  step ' "$out/train.log" | tail -n 2 | sed 's/^/gpu-check:   /' | tee -a "$summary"
+{
+  grep -m1 '^model:' "$out/train.log" || true
+  grep '^  step ' "$out/train.log" | tail -n 1 || true
+  grep 'memory per rank' "$out/train.log" | tail -n 1 || true
+} | sed 's/^/gpu-check:   /' | tee -a "$summary"
 "$python" - "$out/metrics.jsonl" "$out/train.log" "${memory_log:-}" "$peak_tflops" <<'PY' | tee -a "$summary"
 import json, re, sys
 metrics, log, memory, peak = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])

@@ -21,7 +21,10 @@ rm -rf "$bundle"
 mkdir -p "$bundle/debs"
 
 # Runtime and development packages, with the libraries they need that an
-# Ubuntu-based CUDA image lacks.
+# Ubuntu-based CUDA image lacks: parallel HDF5 links libcurl and libcrypto
+# (libssl3), zlib1g-dev's libz.so points at zlib1g's library, CMake's
+# FindPkgConfig needs a pkg-config program. check.sh's preflight lists any
+# library still "not found".
 packages=(
   libopenmpi3 libopenmpi-dev openmpi-bin openmpi-common libhwloc15 libhwloc-dev
   libevent-2.1-7 libevent-core-2.1-7 libevent-pthreads-2.1-7 libevent-dev
@@ -33,6 +36,8 @@ packages=(
   libpcre2-dev libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
   libopencv-core-dev libopencv-core406 libopencv-imgproc-dev libopencv-imgproc406
   libopencv-imgcodecs-dev libopencv-imgcodecs406 libtbb12
+  libcurl4 libssl3 zlib1g libnghttp2-14 libpsl5 librtmp1 libssh2-1 libbrotli1
+  pkg-config pkgconf pkgconf-bin libpkgconf3
 )
 (cd "$bundle/debs" && apt-get download "${packages[@]}" >/dev/null)
 
