@@ -30,7 +30,8 @@
 # up; the bundle's 128 questions make 4 optimiser steps of 2 x 16 per
 # epoch), VQA_GPU_BATCH (per micro-step, default 16), VQA_GPU_STEPS
 # (optimiser steps per epoch, default 0: all), VQA_GPU_PRESET
-# (default base), TORCH_DIR (LibTorch's CMake folder; default: the one of
+# (default base), VQA_GPU_UNTIL (the last stage to run: prefix, preflight,
+# build, communicator or train, the default), TORCH_DIR (LibTorch's CMake folder; default: the one of
 # python3's torch), VQA_GPU_WORK (default .gpu-check/work: the prefix and
 # the build; a second call reuses the build), VQA_GPU_DEVICE=cpu (a dry run
 # of the route on a machine without a GPU: stage 3 trains on the CPU; use a
@@ -54,13 +55,25 @@ say() { printf 'gpu-check: %s\n' "$*" | tee -a "$summary"; }
 die() { say "FAILED: $*"; exit 1; }
 stage_start=0
 stage() { stage_start=$(date +%s); stage_name=$1; }
-stage_done() { say "stage $stage_name: $(($(date +%s) - stage_start)) s ok"; }
+until_stage=${VQA_GPU_UNTIL:-train}
+case $until_stage in prefix | preflight | build | communicator | train) ;; *)
+  echo "gpu-check: VQA_GPU_UNTIL must be prefix, preflight, build, communicator or train, got '$until_stage'" >&2
+  exit 2 ;;
+esac
+stage_done() {
+  say "stage $stage_name: $(($(date +%s) - stage_start)) s ok"
+  if [[ $stage_name == "$until_stage" && $until_stage != train ]]; then
+    say "stopped after stage $stage_name (VQA_GPU_UNTIL)"
+    exit 0
+  fi
+}
 
 # ---- 0. the prefix with Open MPI, HDF5, Boost, OpenCV -------------------------
 stage prefix
 prefix=$work/prefix
 rm -rf "$prefix"
 mkdir -p "$prefix" "$work/bin"
+rm -rf "$work/lib"
 if compgen -G "$bundle/debs/*.deb" >/dev/null; then
   for deb in "$bundle"/debs/*.deb; do dpkg -x "$deb" "$prefix"; done
 else
@@ -77,9 +90,23 @@ done < <(find "$prefix" -type l -lname '/*')
 for tool in mpirun mpiexec mpicc mpicxx; do ln -sf "$usr/bin/$tool.openmpi" "$work/bin/$tool"; done
 # h5pcc is a script with Debian's /usr in it.
 sed "s#/usr#$usr#g" "$usr/bin/h5pcc.openmpi" >"$work/bin/h5pcc" && chmod +x "$work/bin/h5pcc"
+# h5pcc, which CMake's FindHDF5 tries on a minimal program, links HDF5's
+# static libraries with -lcrypto -lcurl -lsz -lz: the linker looks in the
+# prefix (LIBRARY_PATH) and finds libcrypto.so and libcurl.so where their
+# -dev packages (not in the bundle) would make them.
+mkdir -p "$work/lib"
+for name in crypto curl; do
+  for file in "$lib/lib$name.so".[0-9]*; do ln -sf "$file" "$work/lib/lib$name.so"; break; done
+done
+export LIBRARY_PATH=$work/lib:$lib
 export OPAL_PREFIX=$usr  # Open MPI relocated: its wrappers and components under the prefix
 export PATH=$work/bin:$usr/bin:$PATH
-export LD_LIBRARY_PATH=$lib/openmpi/lib:$lib/hdf5/openmpi:$lib:$prefix/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# libpsm_infinipath.so.1 is an alternatives link too (to libpsm1/); UCX's
+# transport modules in ucx/ need their sibling libuct_ib.so.0.
+for psm in "$usr"/lib/libpsm1/*.so.*; do
+  [[ -e $psm ]] && ln -sf "$psm" "$lib/$(readelf -d "$psm" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')"
+done
+export LD_LIBRARY_PATH=$lib/openmpi/lib:$lib/hdf5/openmpi:$lib:$lib/ucx:$prefix/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PKG_CONFIG_PATH=$lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$prefix
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # One host: Open MPI's launcher without ssh or rsh (its rsh launcher refuses
@@ -95,8 +122,12 @@ for tool in cmake ninja c++ "$python" pkg-config mpirun; do
   command -v "$tool" >/dev/null || missing_tools+=("$tool")
 done
 ((${#missing_tools[@]} == 0)) || die "missing tools: ${missing_tools[*]}"
-# Every unpacked library and program must find its libraries.
+# Every unpacked library and program must find its libraries, OpenCV's
+# aside: only vqa_prep loads them (its image codecs need GDAL, TIFF, WebP,
+# ...), and the check neither builds nor runs it (the bundle carries OpenCV
+# for the configure step, and its datasets are made on the Debian host).
 not_found=$(find "$usr/lib" "$usr/bin" "$prefix/lib" -type f \( -name '*.so*' -o -perm -u+x \) \
+  -not -name 'libopencv_*' \
   2>/dev/null | while IFS= read -r file; do
   { ldd "$file" 2>/dev/null || true; } | { grep 'not found' || true; } | sed "s#^#${file#"$prefix"}: #"
 done | sort -u)

@@ -22,14 +22,15 @@ mkdir -p "$bundle/debs"
 
 # Runtime and development packages, with the libraries they need that an
 # Ubuntu-based CUDA image lacks: parallel HDF5 links libcurl and libcrypto
-# (libssl3), zlib1g-dev's libz.so points at zlib1g's library, CMake's
+# (libssl3), Open MPI's UCX and OFI components libnuma and the verbs
+# providers (libefa, libmlx5), zlib1g-dev's libz.so points at zlib1g's library, CMake's
 # FindPkgConfig needs a pkg-config program. check.sh's preflight lists any
 # library still "not found".
 packages=(
   libopenmpi3 libopenmpi-dev openmpi-bin openmpi-common libhwloc15 libhwloc-dev
   libevent-2.1-7 libevent-core-2.1-7 libevent-pthreads-2.1-7 libevent-dev
   libpmix2 libfabric1 libucx0 libibverbs1 librdmacm1 libnl-3-200 libnl-route-3-200
-  libpsm2-2 libpsm-infinipath1 libmunge2
+  libpsm2-2 libpsm-infinipath1 libmunge2 libnuma1 ibverbs-providers
   libhdf5-openmpi-103-1 libhdf5-openmpi-dev libsz2 libaec0 libaec-dev
   libboost-program-options1.74.0 libboost-program-options1.74-dev libboost1.74-dev
   nlohmann-json3-dev libgtest-dev zlib1g-dev
