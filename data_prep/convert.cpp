@@ -227,6 +227,7 @@ void convert_run(const ConvertOptions& options) {
     label_ids[header.answer_labels[i]] = static_cast<int32_t>(i);
   int64_t outside = 0;
   std::vector<std::string> outside_examples;
+  const bool raw_text = options.tokenizer == data::kTokenizerRoberta;
   for (const auto& [name, records, rows] :
        {std::tuple{"train", &train, &train_rows}, std::tuple{"test", &test, &test_rows}}) {
     QuestionTable table(options.max_length, 1, static_cast<int32_t>(header.special_tokens.pad));
@@ -244,8 +245,10 @@ void convert_run(const ConvertOptions& options) {
         ++outside;
         if (outside_examples.size() < 5) outside_examples.push_back(r.normalized_answer);
       }
-      table.add(tokenizer->encode(r.question, options.max_length), (*rows)[i], r.answer_type, r.qid,
-                type, r.question, r.answer, labels, scores);
+      // RoBERTa's BPE reads the question as the JSON has it, as M3AE's does.
+      const std::string& text = raw_text ? r.raw_question : r.question;
+      table.add(tokenizer->encode(text, options.max_length), (*rows)[i], r.answer_type, r.qid, type,
+                r.question, r.answer, labels, scores);
     }
     writer.write_questions(name, table);
   }

@@ -110,7 +110,8 @@ bool parse_record(const nlohmann::json& item, const std::string& file, size_t in
       text_collapse_whitespace(item["question"].get<std::string>()).empty()) {
     return bad("question", "is missing or empty");
   }
-  record.question = text_collapse_whitespace(item["question"].get<std::string>());
+  record.raw_question = item["question"].get<std::string>();
+  record.question = text_collapse_whitespace(record.raw_question);
   if (!item.contains("answer") || item["answer"].is_null()) return bad("answer", "is missing");
   if (!json_scalar_text(item["answer"], record.answer)) {
     return bad("answer", std::string("is an ") + item["answer"].type_name() +

@@ -17,6 +17,11 @@ struct Record {
   size_t index = 0;  // its position in that file's top-level array
   int64_t qid = 0;
   std::string image_name, image_path, question, answer, normalized_answer, question_type;
+  // The question exactly as the JSON has it: what the RoBERTa BPE reads (M3AE
+  // hands the raw string to RobertaTokenizerFast). `question` is trimmed
+  // with inner whitespace collapsed: the word tokenizer's input and the
+  // text stored for reports.
+  std::string raw_question;
   int answer_type = 0;  // data::kAnswerTypeClosed or kAnswerTypeOpen
 };
 

