@@ -73,7 +73,7 @@ stage prefix
 prefix=$work/prefix
 rm -rf "$prefix"
 mkdir -p "$prefix" "$work/bin"
-rm -rf "$work/lib"
+rm -rf "${work:?}/lib"
 if compgen -G "$bundle/debs/*.deb" >/dev/null; then
   for deb in "$bundle"/debs/*.deb; do dpkg -x "$deb" "$prefix"; done
 else
