@@ -10,10 +10,11 @@
 #include <stdexcept>
 
 #include "convert_images.h"     // image_load_all, FeatureSource
+#include "convert_medvqa.h"     // records_read_medvqa2019
 #include "convert_records.h"    // Record, records_read_split, records_build_labels
 #include "data/format.h"        // DataFormatError, kAnswerType*, kTokenizer*, kNormalization*
 #include "roberta_tokenizer.h"  // RobertaTokenizer
-#include "text.h"               // WordTokenizer
+#include "text.h"               // WordTokenizer, answer_normalize_m3ae
 #include "writer.h"             // DatasetWriter
 
 namespace vqa::prep {
@@ -125,6 +126,23 @@ void convert_check_options(const ConvertOptions& options) {
                                 "': expected 'dataset' (the training images' mean and std) or "
                                 "'clip' (CLIP's, as M3AE uses)");
   }
+  if (!options.medvqa2019_root.empty() &&
+      (!options.train_json.empty() || !options.test_json.empty() || !options.val_json.empty() ||
+       !options.image_dir.empty() || !options.features.empty())) {
+    throw std::invalid_argument("--medvqa2019 " + options.medvqa2019_root +
+                                " reads the release's own folders: give no --train-json, "
+                                "--val-json, --test-json, --images or --features with it");
+  }
+  if (options.answer_normalization != "vqa" && options.answer_normalization != "m3ae") {
+    throw std::invalid_argument("--answer-normalization '" + options.answer_normalization +
+                                "': expected 'vqa' (the VQA evaluation's) or 'm3ae' (M3AE's "
+                                "normalize_word, which its label sets use)");
+  }
+  if (!options.val_json.empty() && !options.include_test_answers) {
+    throw std::invalid_argument(
+        "--val-json adds answers to the label set only, which --include-test-answers builds "
+        "from train + val + test (as M3AE does); without it the labels come from train alone");
+  }
   if (!options.features.empty() && options.normalize == data::kNormalizationClip) {
     throw std::invalid_argument("--normalize clip applies to images; --features " +
                                 options.features + " stores features");
@@ -134,10 +152,12 @@ void convert_check_options(const ConvertOptions& options) {
 void convert_run(const ConvertOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   convert_check_options(options);
-  if (options.train_json.empty() || options.test_json.empty()) {
-    throw data::DataFormatError("convert: --train-json and --test-json are both required");
+  const bool medvqa = !options.medvqa2019_root.empty();
+  if (!medvqa && (options.train_json.empty() || options.test_json.empty())) {
+    throw data::DataFormatError(
+        "convert: --train-json and --test-json are both required (or --medvqa2019 ROOT)");
   }
-  if (options.features.empty() && options.image_dir.empty()) {
+  if (!medvqa && options.features.empty() && options.image_dir.empty()) {
     throw data::DataFormatError("convert: give --images DIR (or --features FILE)");
   }
   if (options.image_size < 1 || options.image_size > data::kMaxImageSize ||
@@ -157,8 +177,29 @@ void convert_run(const ConvertOptions& options) {
   record_options.features = !options.features.empty();
   record_options.language = options.language;
   record_options.strict = options.strict;
-  RecordSplit train_split = records_read_split(options.train_json, record_options, problems);
-  RecordSplit test_split = records_read_split(options.test_json, record_options, problems);
+  RecordSplit train_split, val_split, test_split;
+  if (medvqa) {
+    int64_t next_qid = 0;  // M3AE's question ids: lines counted over train, val, test
+    train_split = records_read_medvqa2019(options.medvqa2019_root, "train", next_qid, problems);
+    val_split = records_read_medvqa2019(options.medvqa2019_root, "val", next_qid, problems);
+    test_split = records_read_medvqa2019(options.medvqa2019_root, "test", next_qid, problems);
+  } else {
+    train_split = records_read_split(options.train_json, record_options, problems);
+    val_split = records_read_split(options.val_json, record_options, problems);
+    test_split = records_read_split(options.test_json, record_options, problems);
+  }
+  if (options.answer_normalization == "m3ae") {
+    for (RecordSplit* split : {&train_split, &val_split, &test_split}) {
+      for (Record& r : split->records) {
+        r.normalized_answer = answer_normalize_m3ae(r.answer);
+        if (r.normalized_answer.empty()) {
+          throw data::DataFormatError(r.file + ": record " + std::to_string(r.index) +
+                                      ": field 'answer': '" + r.answer +
+                                      "' is empty after M3AE's normalisation");
+        }
+      }
+    }
+  }
   std::vector<Record>& train = train_split.records;
   std::vector<Record>& test = test_split.records;
   const int64_t other_language = train_split.other_language + test_split.other_language;
@@ -177,7 +218,7 @@ void convert_run(const ConvertOptions& options) {
   for (const auto& [name, records, files] : {std::tuple{"train", &train, &options.train_json},
                                              std::tuple{"test", &test, &options.test_json}}) {
     if (records->empty()) {
-      std::string inputs;
+      std::string inputs = medvqa ? options.medvqa2019_root + "/" + name + "/QA/*.csv" : "";
       for (const auto& f : *files) inputs += (inputs.empty() ? "" : ", ") + f;
       throw data::DataFormatError(inputs + ": split '" + name + "' has no usable records");
     }
@@ -197,8 +238,9 @@ void convert_run(const ConvertOptions& options) {
   header.special_tokens = tokenizer->special_tokens();
   header.tokenizer_sha256 = tokenizer->source_sha256();
   header.created_by = options.created_by;
-  header.answer_labels = options.include_test_answers ? records_build_labels({&train, &test})
-                                                      : records_build_labels({&train});
+  header.answer_labels = options.include_test_answers
+                             ? records_build_labels({&train, &val_split.records, &test})
+                             : records_build_labels({&train});
   std::set<std::string> types;
   for (const auto* records : {&train, &test}) {
     for (const Record& r : *records) types.insert(r.question_type);
@@ -269,7 +311,9 @@ void convert_run(const ConvertOptions& options) {
   std::printf(
       "vqa_prep convert: %zu answer labels (from %s), %zu vocabulary entries (tokenizer %s), %zu "
       "question types; images normalised with %s mean/std\n",
-      header.answer_labels.size(), options.include_test_answers ? "train + test" : "train",
+      header.answer_labels.size(), !options.include_test_answers ? "train"
+      : val_split.records.empty()   ? "train + test"
+                                    : "train + val + test",
       header.token_vocabulary.size(), header.tokenizer.c_str(), header.question_types.size(),
       header.image_normalization.c_str());
   std::string examples;

@@ -10,7 +10,9 @@ namespace vqa::prep {
 
 struct ConvertOptions {
   std::vector<std::string> train_json, test_json;
+  std::vector<std::string> val_json;  // answers for the label set only (with include_test_answers)
   std::string image_dir;
+  std::string medvqa2019_root;  // VQA-Med 2019 instead of JSON (convert_medvqa.h)
   std::string output;
   int64_t image_size = 224;
   int64_t max_length = 32;
@@ -19,7 +21,10 @@ struct ConvertOptions {
   std::string vocab_json, merges_txt;  // roberta: the tokenizer folder's two files
   std::string normalize = "dataset";   // image mean/std: "dataset" (training images) or "clip"
   std::string language = "en";         // SLAKE's q_lang; records of other languages are left out
-  bool include_test_answers = false;   // label set from train + test (as M3AE does)
+  // How answers become labels: "vqa" (answer_normalize) or "m3ae"
+  // (answer_normalize_m3ae: M3AE's label sets, e.g. K = 222 for SLAKE).
+  std::string answer_normalization = "vqa";
+  bool include_test_answers = false;   // label set from train + val + test (as M3AE does)
   bool strict = false;                 // fail on the first bad record instead of skipping it
   std::string features;                // an HDF5 file of per-image features instead of images
   std::string features_dataset = "image_features";

@@ -18,7 +18,13 @@ namespace fs = std::filesystem;
 
 void RecordProblems::report(const std::string& file, size_t index, const std::string& qid,
                             const std::string& field, const std::string& message) {
-  const std::string text = file + ": record " + std::to_string(index) +
+  report_at(file, "record " + std::to_string(index), qid, field, message);
+}
+
+void RecordProblems::report_at(const std::string& file, const std::string& where,
+                               const std::string& qid, const std::string& field,
+                               const std::string& message) {
+  const std::string text = file + ": " + where +
                            (qid.empty() ? "" : " (qid " + qid + ")") + ": field '" + field +
                            "': " + message;
   if (strict_) throw data::DataFormatError(text + " (--strict)");

@@ -39,6 +39,9 @@ class RecordProblems {
   explicit RecordProblems(bool strict) : strict_(strict) {}
   void report(const std::string& file, size_t index, const std::string& qid,
               const std::string& field, const std::string& message);
+  // The same with the place as text ("line 12").
+  void report_at(const std::string& file, const std::string& where, const std::string& qid,
+                 const std::string& field, const std::string& message);
   int64_t count() const { return count_; }
 
  private:

@@ -76,8 +76,15 @@ int run_convert(const std::vector<std::string>& arguments, const std::string& co
   vqa::util::OptionTable table("convert options");
   table
       .add_list("train-json", &options.train_json,
-                "training split JSON file(s) (VQA-RAD or SLAKE records)", /*required=*/true)
-      .add_list("test-json", &options.test_json, "test split JSON file(s)", /*required=*/true)
+                "training split JSON file(s) (VQA-RAD or SLAKE records)", /*required=*/false)
+      .add_list("test-json", &options.test_json, "test split JSON file(s)", /*required=*/false)
+      .add_list("val-json", &options.val_json,
+                "validation JSON file(s) (SLAKE's validate.json): their answers join the label "
+                "set with --include-test-answers, as M3AE's do; not stored",
+                /*required=*/false)
+      .add("medvqa2019", &options.medvqa2019_root,
+           "VQA-Med 2019 release root instead of JSON: {train,val,test}/QA/{Modality,Organ,Plane}"
+           ".csv (image_id|question|answer) and {train,val,test}/images/*.jpg, as M3AE reads it")
       .add("images", &options.image_dir, "image folder; record image names are relative to it")
       .add_required("output,o", &options.output, "dataset file to write")
       .add("image-size", &options.image_size,
@@ -96,8 +103,11 @@ int run_convert(const std::vector<std::string>& arguments, const std::string& co
            "image mean/std stored for the loader: dataset (the training images') or clip "
            "(CLIP's, as M3AE uses)")
       .add("language", &options.language, "keep records whose q_lang is this (SLAKE)")
+      .add("answer-normalization", &options.answer_normalization,
+           "how answers become labels: vqa (the VQA evaluation's normalisation) or m3ae (M3AE's "
+           "normalize_word, as its label sets are built)")
       .add("include-test-answers", &options.include_test_answers,
-           "build the answer label set from train and test answers (as M3AE does)")
+           "build the answer label set from train, val and test answers (as M3AE does)")
       .add("strict", &options.strict, "fail on the first bad record instead of skipping it")
       .add("features", &options.features,
            "HDF5 file of precomputed image features instead of --images")
