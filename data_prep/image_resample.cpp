@@ -153,4 +153,76 @@ std::vector<uint8_t> image_resize_bicubic(const uint8_t* pixels, int width, int 
   return result;
 }
 
+namespace {
+
+// Uniform in [low, high), as torch's uniform_ on a double: 53 random bits.
+double uniform(vqa::util::SplitMix64& rng, double low, double high) {
+  const double unit = static_cast<double>(rng.next() >> 11) * 0x1.0p-53;
+  return low + (high - low) * unit;
+}
+
+}  // namespace
+
+CropBox image_random_crop_box(int width, int height, const RandomCropRanges& ranges,
+                              vqa::util::SplitMix64& rng, bool* fell_back) {
+  if (width < 1 || height < 1) {
+    throw std::invalid_argument("random crop of an empty image (" + std::to_string(width) + "x" +
+                                std::to_string(height) + ")");
+  }
+  if (!(ranges.scale_min > 0.0 && ranges.scale_min <= ranges.scale_max) ||
+      !(ranges.ratio_min > 0.0 && ranges.ratio_min <= ranges.ratio_max) ||
+      !std::isfinite(ranges.scale_max) || !std::isfinite(ranges.ratio_max)) {
+    throw std::invalid_argument("random crop: scale and ratio must be ranges low <= high in (0, inf)");
+  }
+  if (fell_back) *fell_back = false;
+  const double area = static_cast<double>(width) * height;
+  const double log_low = std::log(ranges.ratio_min), log_high = std::log(ranges.ratio_max);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target_area = area * uniform(rng, ranges.scale_min, ranges.scale_max);
+    const double ratio = std::exp(uniform(rng, log_low, log_high));
+    // std::nearbyint rounds half to even in the default rounding mode, as Python's round.
+    const int w = static_cast<int>(std::nearbyint(std::sqrt(target_area * ratio)));
+    const int h = static_cast<int>(std::nearbyint(std::sqrt(target_area / ratio)));
+    if (w > 0 && w <= width && h > 0 && h <= height) {
+      CropBox box;
+      box.width = w;
+      box.height = h;
+      box.top = static_cast<int>(rng.below(static_cast<uint64_t>(height - h + 1)));
+      box.left = static_cast<int>(rng.below(static_cast<uint64_t>(width - w + 1)));
+      return box;
+    }
+  }
+  if (fell_back) *fell_back = true;
+  CropBox box{0, 0, width, height};
+  const double in_ratio = static_cast<double>(width) / height;
+  if (in_ratio < ranges.ratio_min) {
+    box.height = static_cast<int>(std::nearbyint(width / ranges.ratio_min));
+  } else if (in_ratio > ranges.ratio_max) {
+    box.width = static_cast<int>(std::nearbyint(height * ranges.ratio_max));
+  }
+  box.top = (height - box.height) / 2;
+  box.left = (width - box.width) / 2;
+  return box;
+}
+
+std::vector<uint8_t> image_crop_resize_bicubic(const uint8_t* pixels, int width, int height,
+                                               int channels, const CropBox& box, int out_width,
+                                               int out_height) {
+  if (box.width < 1 || box.height < 1 || box.left < 0 || box.top < 0 ||
+      box.left + box.width > width || box.top + box.height > height) {
+    throw std::invalid_argument(
+        "crop box " + std::to_string(box.width) + "x" + std::to_string(box.height) + " at (" +
+        std::to_string(box.left) + ", " + std::to_string(box.top) + ") is not inside the " +
+        std::to_string(width) + "x" + std::to_string(height) + " image");
+  }
+  std::vector<uint8_t> crop(static_cast<size_t>(box.width) * box.height * channels);
+  const size_t row_bytes = static_cast<size_t>(box.width) * channels;
+  for (int y = 0; y < box.height; ++y) {
+    const uint8_t* source =
+        pixels + (static_cast<size_t>(box.top + y) * width + box.left) * channels;
+    std::copy(source, source + row_bytes, crop.data() + y * row_bytes);
+  }
+  return image_resize_bicubic(crop.data(), box.width, box.height, channels, out_width, out_height);
+}
+
 }  // namespace vqa::prep

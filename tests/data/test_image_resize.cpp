@@ -4,7 +4,9 @@
 // side S (384 as M3AE fine-tunes, 224 as CLIP evaluates) by
 // image_load_square, the function convert uses, and by
 // pil_reference_resize.py (Pillow, as torchvision calls it). Also the size
-// and crop rules of torchvision, case by case.
+// and crop rules of torchvision, case by case; and RandomResizedCrop's
+// crop + resize for given boxes against Pillow (pil_reference_crop.py) and
+// its box sampling over many draws.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -195,6 +197,170 @@ TEST(ImageResize, MatchesPillowsBicubicAndCentreCropOnRealSizeJpegs) {
   // when both decoders agree, so one grey level of rounding at most.
   EXPECT_LE(mean, 1.5);
   EXPECT_LE(worst, decode_differing == 0 ? 1.0 : 255.0);
+}
+
+}  // namespace
+
+namespace {
+
+// RandomResizedCrop's crop and resize, for given boxes, against Pillow's
+// (pil_reference_crop.py, as torchvision calls it) on lossless PNGs, so that
+// both start from the same pixels: boxes of M3AE's scale range, the whole
+// image, thin and small ones, at the image's edges; up- and downscaling.
+// Bit-exact: every value equal.
+TEST(RandomResizedCrop, CropAndResizeMatchPillowBitForBit) {
+  const std::string python = python_with_pil();
+  ASSERT_FALSE(python.empty()) << "no python3 that imports PIL: install python3-pil "
+                                  "(env/setup.sh), or set PYTHON";
+  const std::string dir = vqa::testing::make_temp_dir("pil_crop");
+  struct Case {
+    int width, height;
+    vqa::prep::CropBox box;
+  };
+  const std::vector<Case> cases = {
+      {500, 400, {0, 0, 500, 400}},   {500, 400, {12, 7, 471, 385}}, {640, 480, {40, 0, 600, 480}},
+      {384, 384, {3, 9, 370, 360}},   {300, 200, {0, 20, 210, 180}}, {1024, 768, {99, 31, 917, 733}},
+      {401, 1000, {0, 0, 401, 535}},  {512, 512, {500, 0, 12, 512}}, {300, 200, {250, 150, 50, 50}},
+      {720, 540, {1, 1, 718, 538}}};
+  const int size = 384;
+  std::string arguments;
+  std::vector<std::string> files;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    const std::string file = dir + "/image" + std::to_string(i) + ".png";
+    ASSERT_TRUE(cv::imwrite(file, synthetic_photo(c.width, c.height, false, 300 + i)));
+    files.push_back(file);
+    arguments += " " + file + " " + std::to_string(c.box.left) + " " + std::to_string(c.box.top) +
+                 " " + std::to_string(c.box.width) + " " + std::to_string(c.box.height);
+  }
+  const std::string reference = std::string(VQA_TEST_DATA_DIR) + "/pil_reference_crop.py";
+  const auto result =
+      run_process(python + " " + reference + " " + std::to_string(size) + " " + dir + arguments, 300);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  int64_t values = 0, differing = 0;
+  int worst = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& box = cases[i].box;
+    SCOPED_TRACE(files[i]);
+    cv::Mat bgr = cv::imread(files[i], cv::IMREAD_COLOR);
+    cv::Mat rgb;
+    cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+    const auto ours = vqa::prep::image_crop_resize_bicubic(rgb.data, rgb.cols, rgb.rows, 3, box,
+                                                           size, size);
+    const std::string name = files[i] + "." + std::to_string(box.left) + "_" +
+                             std::to_string(box.top) + "_" + std::to_string(box.width) + "_" +
+                             std::to_string(box.height) + ".png";
+    cv::Mat pil = cv::imread(name, cv::IMREAD_COLOR);
+    ASSERT_EQ(pil.rows, size);
+    cv::cvtColor(pil, pil, cv::COLOR_BGR2RGB);
+    ASSERT_TRUE(pil.isContinuous());
+    for (size_t k = 0; k < ours.size(); ++k) {
+      const int diff = std::abs(int{ours[k]} - int{pil.data[k]});
+      differing += diff != 0;
+      worst = std::max(worst, diff);
+      ++values;
+    }
+  }
+  std::printf("crop + resize vs Pillow: %zu boxes, %ld values, %ld differ, largest difference %d\n",
+              cases.size(), static_cast<long>(values), static_cast<long>(differing), worst);
+  EXPECT_EQ(differing, 0);
+  EXPECT_THROW(vqa::prep::image_crop_resize_bicubic(nullptr, 10, 10, 3, {5, 0, 6, 10}, 4, 4),
+               std::invalid_argument);
+}
+
+// The boxes follow torchvision's rules over many draws: inside the image;
+// area within the scale range and aspect within the ratio range, up to the
+// rounding of width and height to whole pixels; the area fraction spanning
+// the range; offsets over the free range; on a square, the fallback as often
+// as 10 independent tries predict and log aspects symmetric; and the
+// fallback always when no box can fit: an image wider than 4:3 allows at
+// scale >= 0.9 (the whole height, width = round(height x 4/3), centred).
+TEST(RandomResizedCrop, BoxesFollowTorchvisionsRules) {
+  const vqa::prep::RandomCropRanges ranges;  // M3AE's: scale 0.9-1.0, ratio 3/4-4/3
+  vqa::util::SplitMix64 rng(2024);
+  struct Shape {
+    int width, height;
+  };
+  for (const Shape shape : {Shape{500, 400}, Shape{384, 384}, Shape{1024, 768}, Shape{600, 700},
+                            Shape{37, 29}}) {
+    SCOPED_TRACE(std::to_string(shape.width) + "x" + std::to_string(shape.height));
+    const double area = double{1} * shape.width * shape.height;
+    double scale_sum = 0.0, log_ratio_sum = 0.0, scale_min = 2.0, scale_max = 0.0;
+    double log_ratio_min = 1.0, log_ratio_max = -1.0;
+    int fallbacks = 0, max_left = 0, max_top = 0;
+    const int draws = 20000;
+    for (int i = 0; i < draws; ++i) {
+      bool fell_back = false;
+      const auto box = vqa::prep::image_random_crop_box(shape.width, shape.height, ranges, rng,
+                                                        &fell_back);
+      ASSERT_GE(box.left, 0);
+      ASSERT_GE(box.top, 0);
+      ASSERT_GE(box.width, 1);
+      ASSERT_GE(box.height, 1);
+      ASSERT_LE(box.left + box.width, shape.width);
+      ASSERT_LE(box.top + box.height, shape.height);
+      max_left = std::max(max_left, box.left);
+      max_top = std::max(max_top, box.top);
+      if (fell_back) {
+        ++fallbacks;
+        continue;
+      }
+      // Rounding moves each side by at most half a pixel.
+      const double low = (box.width - 0.5) * (box.height - 0.5) / area;
+      const double high = (box.width + 0.5) * (box.height + 0.5) / area;
+      EXPECT_LE(low, ranges.scale_max);
+      EXPECT_GE(high, ranges.scale_min);
+      EXPECT_LE((box.width - 0.5) / (box.height + 0.5), ranges.ratio_max);
+      EXPECT_GE((box.width + 0.5) / (box.height - 0.5), ranges.ratio_min);
+      const double scale = double{1} * box.width * box.height / area;
+      const double log_ratio = std::log(double{1} * box.width / box.height);
+      scale_sum += scale;
+      log_ratio_sum += log_ratio;
+      scale_min = std::min(scale_min, scale);
+      scale_max = std::max(scale_max, scale);
+      log_ratio_min = std::min(log_ratio_min, log_ratio);
+      log_ratio_max = std::max(log_ratio_max, log_ratio);
+    }
+    const int taken = draws - fallbacks;
+    std::printf("%dx%d: %d fallbacks; area fraction %.4f..%.4f mean %.4f; log aspect %.3f..%.3f "
+                "mean %.4f\n",
+                shape.width, shape.height, fallbacks, scale_min, scale_max, scale_sum / taken,
+                log_ratio_min, log_ratio_max, log_ratio_sum / taken);
+    if (shape.width >= 100) {
+      EXPECT_LT(scale_min, 0.905) << "areas down to 90%";
+      EXPECT_GT(scale_max, 0.995) << "and up to the whole image";
+    }
+    if (shape.width == 384) {
+      // A square fits a box when |log ratio| <= -log(scale) (+ 0.0026 for
+      // the rounding to whole pixels): per try p = (E[-log s] + 0.0026) / L
+      // = (0.05176 + 0.0026) / 0.28768 = 0.189 (s uniform on [0.9, 1],
+      // L = log(4/3)); all 10 tries miss with (1 - p)^10 = 0.123. Four
+      // standard deviations of 20,000 draws: 0.0093.
+      EXPECT_NEAR(double{1} * fallbacks / draws, 0.123, 0.0093);
+      EXPECT_NEAR(log_ratio_sum / taken, 0.0, 0.005) << "symmetric in log aspect";
+    }
+  }
+  // Wider than any box of >= 90% area and ratio <= 4/3 allows: always the fallback.
+  for (int i = 0; i < 100; ++i) {
+    bool fell_back = false;
+    const auto box = vqa::prep::image_random_crop_box(1000, 300, ranges, rng, &fell_back);
+    ASSERT_TRUE(fell_back);
+    EXPECT_EQ(box.height, 300);
+    EXPECT_EQ(box.width, 400);  // round(300 x 4/3)
+    EXPECT_EQ(box.left, 300);   // (1000 - 400) / 2
+    EXPECT_EQ(box.top, 0);
+  }
+  // Taller than 3:4 allows: the whole width, height = round(width / (3/4)), centred.
+  bool fell_back = false;
+  const auto tall = vqa::prep::image_random_crop_box(300, 1000, ranges, rng, &fell_back);
+  EXPECT_TRUE(fell_back);
+  EXPECT_EQ(tall.width, 300);
+  EXPECT_EQ(tall.height, 400);
+  EXPECT_EQ(tall.top, 300);
+  vqa::prep::RandomCropRanges empty;
+  empty.scale_min = 0.0;
+  EXPECT_THROW(vqa::prep::image_random_crop_box(10, 10, empty, rng), std::invalid_argument);
+  EXPECT_THROW(vqa::prep::image_random_crop_box(0, 10, ranges, rng), std::invalid_argument);
 }
 
 }  // namespace
