@@ -193,7 +193,7 @@ void convert_run(const ConvertOptions& options) {
       for (Record& r : split->records) {
         r.normalized_answer = answer_normalize_m3ae(r.answer);
         if (r.normalized_answer.empty()) {
-          throw data::DataFormatError(r.file + ": record " + std::to_string(r.index) +
+          throw data::DataFormatError(r.file + ": question " + std::to_string(r.qid) +
                                       ": field 'answer': '" + r.answer +
                                       "' is empty after M3AE's normalisation");
         }
