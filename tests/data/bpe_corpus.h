@@ -200,21 +200,24 @@ inline std::string medical_question(Generator& g) {
 
 }  // namespace bpe_corpus_detail
 
+// VQA-RAD's questions as its JSON has them, which M3AE tokenises untouched:
+// trailing, leading and double spaces, tabs inside words, newlines, CRLF.
+// In the corpus, and converted by test_prep_m3ae.cpp.
+inline const std::vector<std::string> kWhitespaceQuestions = {
+    "Are there two kidneys? ",
+    " Is/Are the right hemidiaphragm normal?",
+    "Are there abnormalities  near the liver?",
+    "Is the liver \tsplee n enlarged?",
+    "Is this an\nMRI?\n",
+    "\tWhat organ is this?\r\n",
+    "Is there a   mass  ?  ",
+    "What  is\t\tthe plane?",
+    "  Which side?"};
+
 inline std::vector<std::string> bpe_corpus() {
   using namespace bpe_corpus_detail;
   Generator g(20240611);
   std::vector<std::string> corpus = {"",
-                                     // VQA-RAD's questions as its JSON has them, which
-                                     // M3AE tokenises untouched: trailing, leading and
-                                     // double spaces, tabs inside words, newlines.
-                                     "Are there two kidneys? ",
-                                     " Is/Are the right hemidiaphragm normal?",
-                                     "Are there abnormalities  near the liver?",
-                                     "Is the liver \tsplee n enlarged?",
-                                     "Is this an\nMRI?\n",
-                                     "\tWhat organ is this?\r\n",
-                                     "Is there a   mass  ?  ",
-                                     "What  is\t\tthe plane?",
                                      " ",
                                      "  ",
                                      "\n",
@@ -293,6 +296,7 @@ inline std::vector<std::string> bpe_corpus() {
   corpus.push_back(g.run({{'0', '9'}}, 1000, true));                           // one long number
   corpus.push_back(std::string(500, ' ') + "x" + std::string(300, '\n'));
   corpus.push_back(g.run({{0x4E00, 0x9FA5}}, 800, true));
+  corpus.insert(corpus.end(), kWhitespaceQuestions.begin(), kWhitespaceQuestions.end());
   return corpus;
 }
 

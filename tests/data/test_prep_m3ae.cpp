@@ -11,6 +11,7 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "bpe_corpus.h"           // kWhitespaceQuestions
 #include "data/dataset_reader.h"  // DatasetReader
 #include "data/loader.h"          // ShardedLoader
 #include "prep_fixture.h"         // Fixture, write_json, kPrep
@@ -144,15 +145,8 @@ TEST(Prep, RobertaReadsEachQuestionAsTheJsonHasIt) {
   vocab["</s>"] = bos + 2;
   vocab["<unk>"] = bos + 3;
   write_json(fixture.dir + "/vocab.json", vocab);
-  const std::vector<std::string> questions = {"Are there two kidneys? ",
-                                              " Is/Are the right hemidiaphragm normal?",
-                                              "Are there abnormalities  near the liver?",
-                                              "Is the liver \tsplee n enlarged?",
-                                              "Is this an\nMRI?\n",
-                                              "\tWhat organ is this?\r\n",
-                                              "Is there a   mass  ?  ",
-                                              "What  is\t\tthe plane?",
-                                              "  Which side?"};
+  const std::vector<std::string>& questions = vqa::testing::kWhitespaceQuestions;
+  ASSERT_EQ(questions.size(), 9u);  // 6 train + 3 test records
   std::map<int64_t, std::string> by_qid;
   for (size_t i = 0; i < questions.size(); ++i) {
     json& item = i < 6 ? fixture.train[i] : fixture.test[i - 6];
