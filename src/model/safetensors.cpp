@@ -35,6 +35,13 @@ const DtypeInfo* dtype_info(const std::string& name) {
   return nullptr;
 }
 
+const DtypeInfo* dtype_info(torch::ScalarType type) {
+  for (const auto& info : kDtypes) {
+    if (type == info.type) return &info;
+  }
+  return nullptr;
+}
+
 // The header is a few MB at most even for large models; more is a damaged length.
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
@@ -168,6 +175,38 @@ torch::Tensor SafetensorsFile::tensor(const std::string& name) const {
   if (e.end > e.begin)
     std::memcpy(result.data_ptr(), data_ + data_begin_ + e.begin, e.end - e.begin);
   return result;
+}
+
+void safetensors_write(const std::map<std::string, torch::Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       const std::function<void(const void* data, size_t size)>& write) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<torch::Tensor> data;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    const DtypeInfo* dtype = dtype_info(tensor.scalar_type());
+    if (!dtype) {
+      throw SafetensorsError("tensor '" + name + "': dtype " +
+                             std::string(c10::toString(tensor.scalar_type())) +
+                             " has no safetensors name here");
+    }
+    data.push_back(tensor.detach().to(torch::kCPU).contiguous());
+    const uint64_t bytes = data.back().nbytes();
+    header[name] = {{"dtype", dtype->name},
+                    {"shape", std::vector<int64_t>(tensor.sizes().begin(), tensor.sizes().end())},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(text.size() >> (8 * i));
+  write(length, sizeof(length));
+  write(text.data(), text.size());
+  for (const auto& tensor : data) {
+    if (tensor.nbytes() > 0) write(tensor.data_ptr(), tensor.nbytes());
+  }
 }
 
 }  // namespace vqa::model

@@ -4,11 +4,14 @@
 // "data_offsets": [begin, end]}, ..., "__metadata__": {...}}, then the raw
 // little-endian bytes, offsets relative to the end of the header.
 // The file is memory-mapped; tensors are copied out on request.
+// safetensors_write produces the same format.
 #pragma once
 
 #include <torch/torch.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -62,5 +65,14 @@ class SafetensorsFile {
 
 // "[577, 768]".
 std::string shape_text(const std::vector<int64_t>& shape);
+
+// Serialises `tensors` (any device, a dtype of the list above, each made
+// contiguous on the CPU) in name order, the header padded with spaces so that
+// the data starts 8-byte aligned, as the Python writer does. `write` gets the
+// file's bytes in order; it owns where they go (a durable file, a buffer).
+// Throws SafetensorsError for a dtype the format cannot hold here.
+void safetensors_write(const std::map<std::string, torch::Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       const std::function<void(const void* data, size_t size)>& write);
 
 }  // namespace vqa::model

@@ -1,14 +1,18 @@
 #include "train/config.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <sstream>
 
 #include <torch/version.h>
 
-#include "runtime/check.h"     // fatal_user_error
-#include "train/optimizer.h"   // aten_fused_adamw_available
-#include "train/projection.h"  // fabric_from_text
-#include "util/options.h"      // OptionTable, option_text
+#include "runtime/check.h"        // fatal_user_error
+#include "runtime/distributed.h"  // distributed_rank_info
+#include "train/optimizer.h"      // aten_fused_adamw_available
+#include "train/projection.h"     // fabric_from_text
+#include "util/options.h"         // OptionTable, option_text
 
 namespace vqa::train {
 
@@ -129,7 +133,29 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "runs write <out>/predictions_best.jsonl at each new best epoch)")
       .add("predictions-top", &c.predictions_top, "answers with scores per prediction line")
       .add("predictions-logits", &c.predictions_logits, "add all K logits to every prediction line")
+      .add("export-m3ae", &c.export_m3ae,
+           "after training (or --eval-only), write the model under M3AE's names and layouts to "
+           "this .safetensors file (rank 0, atomically); data_prep/m3ae_from_safetensors.py "
+           "makes it a state_dict M3AE's M3AETransformerSS loads with strict=True")
       .config_file_option("config");
+}
+
+// A .safetensors name in a directory rank 0 (the writer) may write, checked
+// before any rank trains.
+void require_writable_safetensors_path(const std::string& option, const std::string& path) {
+  const std::string suffix = ".safetensors";
+  if (path.size() <= suffix.size() ||
+      path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    runtime::fatal_user_error(option + " " + path +
+                              ": the name must end in .safetensors (what --init-from reads back)");
+  }
+  if (runtime::distributed_rank_info().rank != 0) return;
+  const auto parent = std::filesystem::path(path).parent_path();
+  const std::string directory = parent.empty() ? "." : parent.string();
+  if (!std::filesystem::is_directory(directory) || ::access(directory.c_str(), W_OK | X_OK) != 0) {
+    runtime::fatal_user_error(option + " " + path + ": cannot write there (" + directory +
+                              " is not a writable directory)");
+  }
 }
 
 }  // namespace
@@ -240,6 +266,7 @@ void config_finalize(TrainConfig& c, int world_size) {
         "--predictions FILE goes with --eval-only (training runs write "
         "<out>/predictions_best.jsonl themselves)");
   }
+  if (!c.export_m3ae.empty()) require_writable_safetensors_path("--export-m3ae", c.export_m3ae);
   for (const char* device : {"auto", "cpu", "cuda"}) {
     if (c.device == device) return;
   }

@@ -83,6 +83,7 @@ struct TrainConfig {
   std::string predictions;  // --eval-only: JSON lines per question to this file
   int64_t predictions_top = 5;
   bool predictions_logits = false;
+  std::string export_m3ae;  // rank 0 writes the final model under M3AE's names here (.safetensors)
   std::string config_file;
   FaultInjection faults;  // --test-* options
 

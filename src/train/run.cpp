@@ -3,12 +3,14 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "model/m3ae_export.h"     // m3ae_export_tensors
+#include "model/safetensors.h"     // safetensors_write
 #include "runtime/check.h"         // fatal_user_error
 #include "runtime/memory_usage.h"  // memory_peak_and_reset
 #include "runtime/stop_request.h"  // StopAgreement, stop_signal_name, kExitStopRequested
 #include "train/checkpoint.h"      // checkpoint_save, checkpoint_save_best
 #include "train/evaluation.h"      // evaluate
-#include "util/durable_file.h"     // write_file_atomically
+#include "util/durable_file.h"     // write_file_atomically, DurableFileWriter
 
 namespace vqa::train {
 
@@ -207,6 +209,33 @@ int stop_with_checkpoint(TrainingParts& parts, int signal, const std::string& co
   return runtime::kExitStopRequested;
 }
 
+// --export-m3ae FILE: rank 0 writes the model as it is now under M3AE's
+// names (m3ae_export.h), durably (FILE.tmp renamed onto FILE; nothing is left
+// after a failure, which ends the job); the others wait. Collective.
+void export_m3ae_if_asked(TrainingParts& parts) {
+  const std::string& path = parts.config.export_m3ae;
+  if (path.empty()) return;
+  if (parts.comm.rank() == 0) {
+    try {
+      const auto tensors = model::m3ae_export_tensors(parts.model);
+      int64_t values = 0;
+      for (const auto& item : tensors) values += item.second.numel();
+      util::DurableFileWriter file(path);
+      model::safetensors_write(
+          tensors, {{"format", "pt"}, {"written_by", "vqa-hpc vqa_train --export-m3ae"}},
+          [&file](const void* data, size_t size) { file.write(data, size); });
+      file.commit();
+      char line[160];
+      std::snprintf(line, sizeof(line), ": %zu tensors (%.2fM values) under M3AE's names",
+                    tensors.size(), values / 1e6);
+      parts.log.info("export-m3ae " + path + line);
+    } catch (const std::exception& e) {
+      runtime::fatal_user_error("--export-m3ae " + path + ": " + e.what());
+    }
+  }
+  parts.comm.barrier();
+}
+
 // The summary line, and on rank 0 <out>/DONE, written last.
 void finish_run(TrainingParts& parts, const TrainState& state) {
   std::string summary = "training complete: " + std::to_string(parts.config.epochs) + " epochs";
@@ -243,6 +272,7 @@ int run_evaluation_only(TrainingParts& parts, data::ShardedLoader& test_loader,
                    config.predictions);
   }
   parts.comm.barrier();
+  export_m3ae_if_asked(parts);
   return 0;
 }
 
@@ -259,6 +289,7 @@ int run_training(TrainingParts& parts, data::ShardedLoader& train_loader,
     finish_epoch(parts, test_loader, stats, sync_before, probe, config_ini, state);
   }
   parts.timeline.write(parts.comm, parts.comm.host());  // when the run ended before the window did
+  export_m3ae_if_asked(parts);
   finish_run(parts, state);
   return 0;
 }

@@ -13,7 +13,8 @@
 namespace vqa::train {
 
 // Trains epochs state.next_epoch .. --epochs - 1 and returns the job's exit
-// status: 0 once the last epoch is done (<out>/DONE written last, so that a
+// status: 0 once the last epoch is done (with --export-m3ae the final model
+// written under M3AE's names, then <out>/DONE written last, so that a
 // relaunch with --resume auto does nothing), runtime::kExitStopRequested
 // after the ranks agreed to stop on a signal (the stop checkpoint written).
 // config_ini is the resolved configuration, saved in every checkpoint.
@@ -26,7 +27,8 @@ int run_training(TrainingParts& parts, data::ShardedLoader& train_loader,
 // weights already loaded (model_source names them for the log), accuracy
 // overall / open / closed and per question type in the log and metrics.jsonl,
 // and with --predictions FILE one JSON line per question (evaluation.h),
-// written by rank 0 in question-id order. Returns the exit status (0).
+// written by rank 0 in question-id order, and with --export-m3ae FILE the
+// model under M3AE's names. Returns the exit status (0).
 // Collective.
 int run_evaluation_only(TrainingParts& parts, data::ShardedLoader& test_loader,
                         const std::string& model_source);

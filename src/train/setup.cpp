@@ -209,6 +209,11 @@ model::ModelConfig setup_model_config(const TrainConfig& config, const data::Dat
         "cover a model over pixels; " +
         dataset.path + " holds pre-extracted features");
   }
+  if (dataset.has_features && !config.export_m3ae.empty()) {
+    runtime::fatal_user_error("--export-m3ae " + config.export_m3ae +
+                              ": M3AE's vision encoder reads pixels, and " + dataset.path +
+                              " holds pre-extracted features, so this model has no M3AE form");
+  }
   model.vocab_size = dataset.vocab_size;
   model.num_answers = dataset.num_answers;
   model.max_text_length = std::max<int64_t>(model.max_text_length, dataset.max_question_length);

@@ -10,6 +10,7 @@ BertCrossLayer (eps 1e-12), tanh poolers and vqa_head (LayerNorm eps 1e-5),
 with an additive mask of -10000, following M3AE's m3ae_module.infer.
 
     m3ae_reference.py --dataset D.h5 --checkpoint OUT.ckpt --logits OUT.json [sizes]
+    m3ae_reference.py --dataset D.h5 --load-state IN.ckpt --logits OUT.json [sizes]
 
 randomly initialises the model (every parameter, key biases included, away
 from its trivial value), saves it as a PyTorch Lightning style checkpoint
@@ -19,6 +20,11 @@ position table of a smaller pre-training grid, as m3ae.ckpt has), then
 resizes that table to the dataset's image size as M3AE's
 adapt_position_encoding does and writes the logits of the test split of D.h5
 (read with h5py, normalised as the vqa-hpc loader does) as {qid: [K logits]}.
+
+With --load-state it builds M3AE as a VQA fine-tuning does (loss_names
+{"vqa": 1}: no MLM, MIM or ITM heads; the position table at the dataset's
+image size), loads IN.ckpt ({"state_dict": ...} or a bare state_dict) with
+load_state_dict(strict=True) and writes the logits the same way.
 """
 import argparse
 import collections
@@ -227,7 +233,7 @@ class RobertaModel(nn.Module):
 
 
 class M3AE(nn.Module):
-    def __init__(self, a):
+    def __init__(self, a, pretraining_heads=True):
         super().__init__()
         h = a.hidden
         self.vision_encoder = CLIP(a.pretrain_image_size, a.patch_size, h, a.vision_layers, a.heads)
@@ -242,9 +248,11 @@ class M3AE(nn.Module):
             [CrossLayer(h, a.heads, a.ffn, 1e-12) for _ in range(a.fusion_layers)])
         self.multi_modal_vision_pooler = Pooler(h)
         self.multi_modal_language_pooler = Pooler(h)
-        self.mlm_head = nn.Sequential(collections.OrderedDict([("dense", nn.Linear(h, h))]))
-        self.itm_head = nn.Sequential(collections.OrderedDict([("fc", nn.Linear(2 * h, 2))]))
-        self.mim_head = nn.Sequential(collections.OrderedDict([("decoder_embed", nn.Linear(h, 8))]))
+        if pretraining_heads:
+            self.mlm_head = nn.Sequential(collections.OrderedDict([("dense", nn.Linear(h, h))]))
+            self.itm_head = nn.Sequential(collections.OrderedDict([("fc", nn.Linear(2 * h, 2))]))
+            self.mim_head = nn.Sequential(
+                collections.OrderedDict([("decoder_embed", nn.Linear(h, 8))]))
         self.vqa_head = nn.Sequential(nn.Linear(2 * h, 2 * h), nn.LayerNorm(2 * h), nn.GELU(),
                                       nn.Linear(2 * h, a.answers))
 
@@ -328,7 +336,8 @@ def save_lightning_checkpoint(model, path, args):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", required=True)
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--checkpoint")
+    p.add_argument("--load-state")
     p.add_argument("--logits", required=True)
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--heads", type=int, default=12)
@@ -342,6 +351,8 @@ def main():
     p.add_argument("--seed", type=int, default=5)
     p.add_argument("--questions", type=int, default=0, help="the first N test questions (0: all)")
     a = p.parse_args()
+    if (a.checkpoint is None) == (a.load_state is None):
+        p.error("give one of --checkpoint and --load-state")
     torch.set_num_threads(max(1, os.cpu_count() or 1))
 
     with h5py.File(a.dataset, "r") as f:
@@ -363,14 +374,20 @@ def main():
     images = (pixels.float() / 255.0 - mean) / std
 
     torch.manual_seed(a.seed)
-    model = M3AE(a)
-    randomise(model, a.seed)
-    save_lightning_checkpoint(model, a.checkpoint, a)
-    # Fine-tuning at the dataset's image size: M3AE resizes the table at load.
-    with torch.no_grad():
-        table = model.vision_encoder.visual.positional_embedding
-        model.vision_encoder.visual.positional_embedding = nn.Parameter(
-            adapt_position_encoding(table.data, a.patch_size, image_size))
+    if a.load_state:
+        a.pretrain_image_size = image_size
+        model = M3AE(a, pretraining_heads=False)
+        state = torch.load(a.load_state, map_location="cpu")
+        model.load_state_dict(state.get("state_dict", state), strict=True)
+    else:
+        model = M3AE(a)
+        randomise(model, a.seed)
+        save_lightning_checkpoint(model, a.checkpoint, a)
+        # Fine-tuning at the dataset's image size: M3AE resizes the table at load.
+        with torch.no_grad():
+            table = model.vision_encoder.visual.positional_embedding
+            model.vision_encoder.visual.positional_embedding = nn.Parameter(
+                adapt_position_encoding(table.data, a.patch_size, image_size))
     model.eval()
     with torch.no_grad():
         logits = model(images, ids, masks)
@@ -378,7 +395,8 @@ def main():
         json.dump({str(q): row for q, row in zip(qids, logits.tolist())}, out)
     print(f"m3ae_reference.py: {sum(t.numel() for t in model.state_dict().values()) / 1e6:.2f}M "
           f"values, {n} test questions, K={a.answers}, vocab {a.vocab}, image {image_size} "
-          f"(pre-training grid {a.pretrain_image_size})")
+          + (f"(loaded strictly from {a.load_state})" if a.load_state
+             else f"(pre-training grid {a.pretrain_image_size})"))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 // The safetensors reader on files written here byte by byte from the format's
 // description: values of every float dtype come back exactly, and each kind
-// of damage is refused with a message naming the file and what is wrong.
+// of damage is refused with a message naming the file and what is wrong;
+// what safetensors_write writes reads back exactly.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -8,9 +9,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
-#include "model/safetensors.h"  // SafetensorsFile, SafetensorsError
+#include "model/safetensors.h"  // SafetensorsFile, SafetensorsError, safetensors_write
 
 namespace {
 
@@ -55,6 +57,36 @@ TEST(Safetensors, ReadsEveryFloatDtypeExactly) {
   EXPECT_TRUE(torch::equal(file.tensor("h").to(torch::kFloat32), torch::tensor({1.5f, -2.0f})));
   EXPECT_TRUE(torch::equal(file.tensor("b").to(torch::kFloat32), torch::tensor({1.5f, -2.0f})));
   EXPECT_THROW(file.tensor("missing"), vqa::model::SafetensorsError);
+  fs::remove(path);
+}
+
+TEST(Safetensors, WrittenFilesReadBackExactly) {
+  const std::string path = temp_path("written.safetensors");
+  const std::map<std::string, torch::Tensor> tensors = {
+      {"b.weight", torch::randn({3, 5})},
+      {"a.ids", torch::arange(7, torch::kInt64).unsqueeze(0)},
+      {"c.scalar", torch::tensor(2.5f)},
+      {"d.empty", torch::zeros({0, 4})},
+      {"e.strided", torch::randn({4, 6}).t()}};  // not contiguous
+  std::string bytes;
+  vqa::model::safetensors_write(tensors, {{"format", "pt"}},
+                                [&bytes](const void* data, size_t size) {
+                                  bytes.append(static_cast<const char*>(data), size);
+                                });
+  uint64_t header = 0;
+  for (int i = 7; i >= 0; --i) header = (header << 8) | static_cast<uint8_t>(bytes[i]);
+  EXPECT_EQ((8 + header) % 8, 0u) << "the data starts 8-byte aligned";
+  std::ofstream(path, std::ios::binary) << bytes;
+  vqa::model::SafetensorsFile file(path);
+  EXPECT_EQ(file.metadata().at("format"), "pt");
+  ASSERT_EQ(file.names().size(), tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    EXPECT_EQ(file.tensor(name).scalar_type(), tensor.scalar_type()) << name;
+    EXPECT_TRUE(torch::equal(file.tensor(name), tensor)) << name;
+  }
+  EXPECT_THROW(vqa::model::safetensors_write({{"x", torch::zeros({2}, torch::kComplexFloat)}}, {},
+                                             [](const void*, size_t) {}),
+               vqa::model::SafetensorsError);
   fs::remove(path);
 }
 
