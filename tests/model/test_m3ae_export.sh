@@ -68,7 +68,9 @@ else
   cat "$work/train.log" >&2
   fail "training the small model with --export-m3ae exited non-zero"
 fi
-checkpoint=$(ls "$work"/train/checkpoints/epoch-*.pt | tail -n 1)
+checkpoints=("$work"/train/checkpoints/epoch-*.pt)
+[[ -e ${checkpoints[0]} ]] || fail "training wrote no epoch checkpoint under $work/train/checkpoints"
+checkpoint=${checkpoints[-1]}
 if eval_only small 2 "$work/small.h5" "$checkpoint" --preset base "${small[@]}" \
   --export-m3ae "$work/small-export.safetensors"; then
   cmp -s "$work/trained.safetensors" "$work/small-export.safetensors" ||
