@@ -22,6 +22,7 @@ namespace vqa::prep {
 namespace {
 
 constexpr size_t kImageChunk = 256;  // images decoded at a time: bounds memory
+constexpr size_t kSourceImageChunk = 32;  // the same, keeping the decoded sources
 
 struct ImageStats {
   std::array<double, 3> sum{}, square{};
@@ -48,8 +49,10 @@ std::vector<int32_t> write_images(const std::string& split, std::vector<Record>&
   std::map<std::string, int32_t> rows;
   std::map<std::string, std::string> failures;
   std::vector<std::string> stored_names;
-  for (size_t first = 0; first < names.size(); first += kImageChunk) {
-    const size_t last = std::min(names.size(), first + kImageChunk);
+  const bool keep_sources = options.keep_source_images && split == "train";
+  const size_t chunk = keep_sources ? kSourceImageChunk : kImageChunk;
+  for (size_t first = 0; first < names.size(); first += chunk) {
+    const size_t last = std::min(names.size(), first + chunk);
     if (features) {
       for (size_t i = first; i < last; ++i) {
         const int64_t row = features->find(names[i]);
@@ -66,7 +69,9 @@ std::vector<int32_t> write_images(const std::string& split, std::vector<Record>&
     for (size_t i = first; i < last; ++i) files.push_back(paths[names[i]]);
     std::vector<std::vector<uint8_t>> images;
     std::vector<std::string> errors;
-    image_load_all(files, options.image_size, options.threads, images, errors);
+    std::vector<data::SourceImage> sources;
+    image_load_all(files, options.image_size, options.threads, images, errors,
+                   keep_sources ? &sources : nullptr);
     for (size_t i = 0; i < files.size(); ++i) {
       const std::string& name = names[first + i];
       if (!errors[i].empty()) {
@@ -74,6 +79,7 @@ std::vector<int32_t> write_images(const std::string& split, std::vector<Record>&
         continue;
       }
       rows[name] = static_cast<int32_t>(writer.append_image(images[i].data()));
+      if (keep_sources) writer.append_source_image(sources[i]);
       stored_names.push_back(name);
       if (stats) {
         const size_t plane = images[i].size() / 3;
@@ -142,6 +148,10 @@ void convert_check_options(const ConvertOptions& options) {
     throw std::invalid_argument(
         "--val-json adds answers to the label set only, which --include-test-answers builds "
         "from train + val + test (as M3AE does); without it the labels come from train alone");
+  }
+  if (!options.features.empty() && options.keep_source_images) {
+    throw std::invalid_argument("--keep-source-images stores the decoded images; --features " +
+                                options.features + " stores features instead of images");
   }
   if (!options.features.empty() && options.normalize == data::kNormalizationClip) {
     throw std::invalid_argument("--normalize clip applies to images; --features " +

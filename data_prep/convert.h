@@ -30,6 +30,9 @@ struct ConvertOptions {
   std::string features_dataset = "image_features";
   std::string features_index = "image_names";
   bool features_float16 = false;
+  // Also store the train split's decoded source images (format version 3),
+  // which vqa_train's --augment resized-crop cuts from.
+  bool keep_source_images = false;
   int threads = 0;  // image decoding threads; 0: all cores
   std::string created_by;
 };

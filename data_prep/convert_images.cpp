@@ -6,13 +6,18 @@
 #include <thread>
 
 #include "data/format.h"     // DataFormatError, kMaxFeatureElements
-#include "image_resample.h"  // image_plan_square, image_resize_bicubic
+#include "data/image_resample.h"  // image_plan_square, image_resize_bicubic
 
 namespace vqa::prep {
 
+using data::image_plan_square;
+using data::image_resize_bicubic;
+using data::SquareCrop;
+
 namespace fs = std::filesystem;
 
-std::string image_load_square(const std::string& file, int64_t size, std::vector<uint8_t>& chw) {
+std::string image_load_square(const std::string& file, int64_t size, std::vector<uint8_t>& chw,
+                              data::SourceImage* source) {
   std::error_code code;
   if (!fs::is_regular_file(file, code)) return "no such image file: " + file;
   cv::Mat image;
@@ -38,6 +43,17 @@ std::string image_load_square(const std::string& file, int64_t size, std::vector
            std::to_string(image.rows) + " to a shorter side of " + std::to_string(size) +
            "): " + e.what();
   }
+  if (source) {
+    source->width = image.cols;
+    source->height = image.rows;
+    source->rgb.resize(static_cast<size_t>(image.cols) * image.rows * 3);
+    const uint8_t* bgr = image.data;
+    for (size_t p = 0; p < source->rgb.size(); p += 3) {
+      source->rgb[p] = bgr[p + 2];
+      source->rgb[p + 1] = bgr[p + 1];
+      source->rgb[p + 2] = bgr[p];
+    }
+  }
   chw.resize(static_cast<size_t>(3 * size * size));
   const int64_t plane = size * size;
   for (int y = 0; y < side; ++y) {
@@ -54,8 +70,10 @@ std::string image_load_square(const std::string& file, int64_t size, std::vector
 }
 
 void image_load_all(const std::vector<std::string>& files, int64_t size, int threads,
-                    std::vector<std::vector<uint8_t>>& images, std::vector<std::string>& errors) {
+                    std::vector<std::vector<uint8_t>>& images, std::vector<std::string>& errors,
+                    std::vector<data::SourceImage>* sources) {
   images.assign(files.size(), {});
+  if (sources) sources->assign(files.size(), {});
   errors.assign(files.size(), "");
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   threads = static_cast<int>(
@@ -64,7 +82,7 @@ void image_load_all(const std::vector<std::string>& files, int64_t size, int thr
   for (int t = 0; t < threads; ++t) {
     workers.emplace_back([&, t] {
       for (size_t i = static_cast<size_t>(t); i < files.size(); i += static_cast<size_t>(threads)) {
-        errors[i] = image_load_square(files[i], size, images[i]);
+        errors[i] = image_load_square(files[i], size, images[i], sources ? &(*sources)[i] : nullptr);
       }
     });
   }

@@ -9,19 +9,24 @@
 #include <unordered_map>
 #include <vector>
 
-#include "data/hdf5_util.h"  // Hdf5Id
+#include "data/hdf5_util.h"       // Hdf5Id
+#include "data/image_resample.h"  // SourceImage
 
 namespace vqa::prep {
 
 // Decodes a JPEG/PNG file, resizes its shorter side to `size` and crops the
 // centre square as torchvision's Resize + CenterCrop on a PIL image do
-// (image_resample.h), into uint8 [3, size, size] RGB. Returns an error text,
-// empty on success.
-std::string image_load_square(const std::string& file, int64_t size, std::vector<uint8_t>& chw);
+// (image_resample.h), into uint8 [3, size, size] RGB. With `source`, also
+// the decoded image itself in RGB (what the loader's random resized crop
+// cuts from). Returns an error text, empty on success.
+std::string image_load_square(const std::string& file, int64_t size, std::vector<uint8_t>& chw,
+                              data::SourceImage* source = nullptr);
 
-// Loads `names` on `threads` threads; errors[i] is empty when images[i] was read.
+// Loads `names` on `threads` threads; errors[i] is empty when images[i] was
+// read. With `sources`, (*sources)[i] is the decoded image (image_load_square).
 void image_load_all(const std::vector<std::string>& files, int64_t size, int threads,
-                    std::vector<std::vector<uint8_t>>& images, std::vector<std::string>& errors);
+                    std::vector<std::vector<uint8_t>>& images, std::vector<std::string>& errors,
+                    std::vector<data::SourceImage>* sources = nullptr);
 
 // Per-image features from an HDF5 file: a float dataset [N, T, D] and a
 // string dataset [N] naming each row's image (file name, with or without

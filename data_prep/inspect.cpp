@@ -157,6 +157,19 @@ void inspect_run(const std::string& path, int64_t records) {
                 static_cast<long>(info.num_images), static_cast<long>(stats.closed),
                 static_cast<long>(stats.open), static_cast<long>(stats.unlabelled));
     std::printf("[%s] identity %s\n", split.c_str(), info.identity.c_str());
+    if (info.has_source_images) {
+      const auto& shapes = reader.source_image_shapes();
+      int32_t smallest = INT32_MAX, largest = 0;
+      double bytes = 0;
+      for (size_t i = 0; i + 1 < shapes.size(); i += 2) {
+        smallest = std::min({smallest, shapes[i], shapes[i + 1]});
+        largest = std::max({largest, shapes[i], shapes[i + 1]});
+        bytes += 3.0 * shapes[i] * shapes[i + 1];
+      }
+      std::printf("[%s] source images: %zu, sides %d..%d px, %.1f MB (for vqa_train --augment "
+                  "resized-crop)\n",
+                  split.c_str(), shapes.size() / 2, smallest, largest, bytes / 1e6);
+    }
     std::vector<size_t> order(stats.top_label_counts.size());
     std::iota(order.begin(), order.end(), size_t{0});
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {

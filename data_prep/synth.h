@@ -26,6 +26,10 @@ struct SynthOptions {
   int64_t test_questions = 1000;
   int64_t questions_per_image = 2;
   int64_t image_size = 32;
+  // > 0: the train images are drawn at this side and stored also as source
+  // images (format version 3, for the loader's random resized crop); the
+  // stored images are their Pillow-bicubic resize to image_size. 0: none.
+  int64_t source_size = 0;
   int64_t max_question_length = 12;
   uint64_t seed = 1;
 };

@@ -52,6 +52,10 @@ int run_synth(const std::vector<std::string>& arguments, const std::string& comm
       .add("test-questions", &options.test_questions, "questions in /test")
       .add("questions-per-image", &options.questions_per_image, "questions asked of each image")
       .add("image-size", &options.image_size, "image side in pixels")
+      .add("source-size", &options.source_size,
+           "also store the train images as drawn at this side, as source images (format "
+           "version 3) for vqa_train --augment resized-crop; the stored images are then their "
+           "resize to --image-size (0: no source images)")
       .add("max-len", &options.max_question_length, "question length in tokens, <cls> included")
       .add("seed", &options.seed, "random seed");
   if (!parse("synth", arguments, table)) return 0;
@@ -114,6 +118,10 @@ int run_convert(const std::vector<std::string>& arguments, const std::string& co
       .add("features-dataset", &options.features_dataset, "its float dataset [images, tokens, dim]")
       .add("features-index", &options.features_index, "its string dataset naming each row's image")
       .add("features-float16", &options.features_float16, "store features as float16")
+      .add("keep-source-images", &options.keep_source_images,
+           "also store the train split's decoded images as they are (format version 3), which "
+           "vqa_train --augment resized-crop cuts its random crops from (M3AE's "
+           "clip_resizedcrop); the file grows by height x width x 3 bytes per train image")
       .add("threads", &options.threads, "image decoding threads (0: all cores)");
   if (!parse("convert", arguments, table)) return 0;
   try {

@@ -83,6 +83,7 @@ DatasetWriter::DatasetWriter(const std::string& path)
 
 DatasetWriter::~DatasetWriter() {
   if (committed_) return;
+  source_pixels_.reset();
   images_.reset();
   split_group_.reset();
   file_.reset();
@@ -119,6 +120,9 @@ void DatasetWriter::begin_split(const std::string& split, int64_t image_size,
                               create.get(), H5P_DEFAULT));
   hdf5_try(images_.get(), "H5Dcreate2(images)", partial_path_);
   image_rows_ = 0;
+  source_offsets_.clear();
+  source_shapes_.clear();
+  source_bytes_ = 0;
 }
 
 int64_t DatasetWriter::append_row(hid_t memory_type, const void* row) {
@@ -151,10 +155,69 @@ int64_t DatasetWriter::append_features(const float* values) {
   return append_row(H5T_NATIVE_FLOAT, values);
 }
 
+void DatasetWriter::append_source_image(const data::SourceImage& source) {
+  const auto count = static_cast<int64_t>(source_offsets_.size());
+  if (row_shape_.size() != 3 || count + 1 != image_rows_ || source.width < 1 ||
+      source.height < 1 || source.width > data::kMaxSourceImageSide ||
+      source.height > data::kMaxSourceImageSide ||
+      source.rgb.size() != static_cast<size_t>(source.width) * source.height * 3) {
+    throw std::logic_error("append_source_image: source " + std::to_string(count) + " (" +
+                           std::to_string(source.width) + "x" + std::to_string(source.height) +
+                           ", " + std::to_string(source.rgb.size()) + " bytes) after " +
+                           std::to_string(image_rows_) + " images");
+  }
+  const std::string& path = partial_path_;
+  if (!source_pixels_.valid()) {
+    // One flat byte array, chunked by 1 MiB: an image is one contiguous
+    // range, read with one hyperslab.
+    const hsize_t dims[1] = {0}, max_dims[1] = {H5S_UNLIMITED}, chunk[1] = {hsize_t{1} << 20};
+    Hdf5Id space(H5Screate_simple(1, dims, max_dims));
+    hdf5_try(space.get(), "H5Screate_simple", path);
+    Hdf5Id create(H5Pcreate(H5P_DATASET_CREATE));
+    hdf5_try(create.get(), "H5Pcreate", path);
+    hdf5_try(H5Pset_chunk(create.get(), 1, chunk), "H5Pset_chunk", path);
+    Hdf5Id links = link_creation_with_parents();
+    source_pixels_ = Hdf5Id(H5Dcreate2(split_group_.get(), data::kSourcePixels, H5T_STD_U8LE,
+                                       space.get(), links.get(), create.get(), H5P_DEFAULT));
+    hdf5_try(source_pixels_.get(), "H5Dcreate2(source_images/pixels)", path);
+  }
+  const auto bytes = static_cast<hsize_t>(source.rgb.size());
+  const hsize_t extent[1] = {static_cast<hsize_t>(source_bytes_) + bytes};
+  const hsize_t start[1] = {static_cast<hsize_t>(source_bytes_)};
+  hdf5_try(H5Dset_extent(source_pixels_.get(), extent), "H5Dset_extent(source_images/pixels)",
+           path);
+  Hdf5Id file_space(H5Dget_space(source_pixels_.get()));
+  hdf5_try(file_space.get(), "H5Dget_space", path);
+  hdf5_try(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, &bytes, nullptr),
+           "H5Sselect_hyperslab", path);
+  Hdf5Id memory_space(H5Screate_simple(1, &bytes, nullptr));
+  hdf5_try(memory_space.get(), "H5Screate_simple", path);
+  hdf5_try(H5Dwrite(source_pixels_.get(), H5T_NATIVE_UINT8, memory_space.get(), file_space.get(),
+                    H5P_DEFAULT, source.rgb.data()),
+           "H5Dwrite(source_images/pixels)", path);
+  source_offsets_.push_back(source_bytes_);
+  source_shapes_.push_back(source.height);
+  source_shapes_.push_back(source.width);
+  source_bytes_ += static_cast<int64_t>(bytes);
+}
+
 void DatasetWriter::end_images(const std::vector<std::string>& image_names) {
   if (static_cast<int64_t>(image_names.size()) != image_rows_) {
     throw std::logic_error("end_images: " + std::to_string(image_names.size()) + " names for " +
                            std::to_string(image_rows_) + " images");
+  }
+  const auto sources = static_cast<int64_t>(source_offsets_.size());
+  if (sources > 0) {
+    if (sources != image_rows_) {
+      throw std::logic_error("end_images: " + std::to_string(sources) + " source images for " +
+                             std::to_string(image_rows_) + " images");
+    }
+    const auto n = static_cast<hsize_t>(sources);
+    write_array(split_group_.get(), data::kSourceOffsets, H5T_STD_I64LE, H5T_NATIVE_INT64, {n},
+                source_offsets_.data(), partial_path_);
+    write_array(split_group_.get(), data::kSourceShapes, H5T_STD_I32LE, H5T_NATIVE_INT32, {n, 2},
+                source_shapes_.data(), partial_path_);
+    hdf5_try(source_pixels_.reset(), "H5Dclose(source_images/pixels)", partial_path_);
   }
   write_strings(split_group_.get(), data::kImageNames, image_names, partial_path_);
   hdf5_try(images_.reset(), "H5Dclose(images)", partial_path_);
@@ -236,6 +299,7 @@ void prep_write_dataset(const std::string& path, const FileHeader& header,
     const int64_t image_bytes = 3 * split.image_size * split.image_size;
     for (size_t i = 0; i < split.image_names.size(); ++i) {
       writer.append_image(split.pixels.data() + i * image_bytes);
+      if (!split.sources.empty()) writer.append_source_image(split.sources.at(i));
     }
     writer.end_images(split.image_names);
     writer.write_questions(split.name, split.questions);

@@ -9,6 +9,7 @@
 #include "data/dataset_info.h"  // SpecialTokenIds
 #include "data/format.h"        // kPadToken
 #include "data/hdf5_util.h"     // Hdf5Id
+#include "data/image_resample.h"  // SourceImage
 
 namespace vqa::prep {
 
@@ -71,6 +72,10 @@ class DatasetWriter {
   // [tokens, dim]); returns its row.
   int64_t append_image(const uint8_t* pixels);
   int64_t append_features(const float* values);
+  // Pixels only, optional: the decoded source of the image just appended
+  // (format version 3's source_images, for the loader's random resized
+  // crop). Either every image of the split gets one or none does.
+  void append_source_image(const data::SourceImage& source);
   // Closes the split's images; image_names[row] names each appended row.
   void end_images(const std::vector<std::string>& image_names);
   void write_questions(const std::string& split, const QuestionTable& questions);
@@ -84,8 +89,11 @@ class DatasetWriter {
   int64_t append_row(hid_t memory_type, const void* row);
 
   std::string path_, partial_path_;
-  data::Hdf5Id file_, split_group_, images_;
+  data::Hdf5Id file_, split_group_, images_, source_pixels_;
   int64_t image_rows_ = 0;
+  std::vector<int64_t> source_offsets_;  // per source image; the next one's is source_bytes_
+  std::vector<int32_t> source_shapes_;   // [n, 2]: height, width
+  int64_t source_bytes_ = 0;
   std::vector<int64_t> row_shape_;
   bool committed_ = false;
 };
@@ -95,6 +103,7 @@ struct SplitData {
   std::string name;
   int64_t image_size = 0;
   std::vector<uint8_t> pixels;  // [n_images, 3, S, S]
+  std::vector<data::SourceImage> sources;  // none, or one per image (format version 3)
   std::vector<std::string> image_names;
   QuestionTable questions{32, 1};
 };

@@ -25,6 +25,7 @@ struct DatasetInfo {
   int64_t vocab_size = 0, max_question_length = 0;
   bool has_features = false;                    // false: pixels
   int64_t image_size = 0;                       // pixels: H == W; 0 when features
+  bool has_source_images = false;               // the split holds its source images (version 3)
   int64_t feature_tokens = 0, feature_dim = 0;  // features: [n_images, tokens, dim]; 0 when pixels
   // Format version, split, counts and a checksum of the header and
   // vocabularies: equal strings on two ranks mean the same dataset.

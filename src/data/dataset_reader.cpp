@@ -173,6 +173,7 @@ void DatasetReader::open_split_datasets() {
                                                          std::to_string(kMaxTargetsPerQuestion));
   }
   target_scores_ = open_checked(prefix + kTargetScores, {"float32"}, {n, max_targets_}, nullptr);
+  open_source_images();
 
   Fingerprint fingerprint;
   for (const auto& text : {info_.tokenizer, std::string(info_.has_features ? "features" : "pixels"),
@@ -182,7 +183,8 @@ void DatasetReader::open_split_datasets() {
   const SpecialTokenIds& special = info_.special_tokens;
   for (int64_t value :
        {info_.image_size, info_.max_question_length, info_.feature_tokens, info_.feature_dim,
-        max_targets_, special.pad, special.cls, special.eos, special.unk}) {
+        max_targets_, special.pad, special.cls, special.eos, special.unk,
+        int64_t{info_.has_source_images}}) {
     fingerprint.add(value);
   }
   for (double value : info_.image_mean) fingerprint.add(std::to_string(value));
@@ -193,6 +195,52 @@ void DatasetReader::open_split_datasets() {
                    std::to_string(n) + "/i" + std::to_string(info_.num_images) + "/K" +
                    std::to_string(info_.num_answers) + "/V" + std::to_string(info_.vocab_size) +
                    "/" + fingerprint.hex();
+}
+
+void DatasetReader::open_source_images() {
+  const std::string prefix = "/" + split_ + "/";
+  mark("group '" + prefix + kSourceImages + "'");
+  // Version 1 and 2 files have none; a reader of those versions never looked.
+  if (info_.format_version < 3 || !hdf5_exists(file_.get(), prefix + kSourceImages)) return;
+  if (info_.has_features) {
+    fail("group '" + prefix + kSourceImages + "'",
+         "the file stores features; source images go with pixels only");
+  }
+  const int64_t n = info_.num_images;
+  std::vector<int64_t> shape;
+  source_pixels_ = open_checked(prefix + kSourcePixels, {"uint8"}, {-1}, &shape);
+  const int64_t total = shape[0];
+  Hdf5Id offsets = open_checked(prefix + kSourceOffsets, {"int64"}, {n}, nullptr);
+  Hdf5Id shapes = open_checked(prefix + kSourceShapes, {"int32"}, {n, 2}, nullptr);
+  const std::vector<int64_t> rows = row_range(0, n);
+  mark("dataset '" + prefix + kSourceOffsets + "' (its values)");
+  source_offsets_ = hdf5_read_rows<int64_t>(offsets.get(), H5T_NATIVE_INT64, rows, 1,
+                                            prefix + kSourceOffsets, path_);
+  mark("dataset '" + prefix + kSourceShapes + "' (its values)");
+  source_shapes_ = hdf5_read_rows<int32_t>(shapes.get(), H5T_NATIVE_INT32, rows, 2,
+                                           prefix + kSourceShapes, path_);
+  // Images lie back to back in row order: each offset is where the previous ends.
+  int64_t expected = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t height = source_shapes_[2 * i], width = source_shapes_[2 * i + 1];
+    if (height < 1 || width < 1 || height > kMaxSourceImageSide || width > kMaxSourceImageSide) {
+      fail("dataset '" + prefix + kSourceShapes + "' row " + std::to_string(i),
+           "height x width " + std::to_string(height) + "x" + std::to_string(width) +
+               " is outside 1.." + std::to_string(kMaxSourceImageSide));
+    }
+    if (source_offsets_[i] != expected) {
+      fail("dataset '" + prefix + kSourceOffsets + "' row " + std::to_string(i),
+           "value " + std::to_string(source_offsets_[i]) + " is not " + std::to_string(expected) +
+               ", where the previous image ends");
+    }
+    expected += height * width * 3;
+  }
+  if (expected != total) {
+    fail("dataset '" + prefix + kSourcePixels + "'",
+         "holds " + std::to_string(total) + " bytes, the shapes in '" + prefix + kSourceShapes +
+             "' add up to " + std::to_string(expected));
+  }
+  info_.has_source_images = true;
 }
 
 void DatasetReader::validate_rows() {
@@ -339,6 +387,36 @@ std::vector<float> DatasetReader::read_features(const std::vector<int64_t>& imag
   return read_chunk_rows<float>(images_.get(), H5T_NATIVE_FLOAT, image_rows,
                                 info_.feature_tokens * info_.feature_dim,
                                 "/" + split_ + "/" + kFeatures, path_);
+}
+
+std::vector<SourceImage> DatasetReader::read_source_images(const std::vector<int64_t>& image_rows) {
+  const Hdf5CrashScope crash_scope(path_);
+  const std::string name = "/" + split_ + "/" + kSourcePixels;
+  if (!info_.has_source_images) fail("read_source_images", "the split holds no source images");
+  check_rows(image_rows, info_.num_images, "read_source_images");
+  mark(std::to_string(image_rows.size()) + " images of " + name);
+  std::vector<SourceImage> images(image_rows.size());
+  for (size_t i = 0; i < image_rows.size(); ++i) {
+    const auto row = static_cast<size_t>(image_rows[i]);
+    SourceImage& image = images[i];
+    image.height = source_shapes_[2 * row];
+    image.width = source_shapes_[2 * row + 1];
+    image.rgb.resize(static_cast<size_t>(image.height) * image.width * 3);
+    const hsize_t start[1] = {static_cast<hsize_t>(source_offsets_[row])};
+    const hsize_t count[1] = {image.rgb.size()};
+    Hdf5Id file_space(H5Dget_space(source_pixels_.get()));
+    hdf5_try(file_space.get(), "H5Dget_space", path_);
+    hdf5_try(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr),
+             "H5Sselect_hyperslab", path_);
+    Hdf5Id memory_space(H5Screate_simple(1, count, nullptr));
+    hdf5_try(memory_space.get(), "H5Screate_simple", path_);
+    if (H5Dread(source_pixels_.get(), H5T_NATIVE_UINT8, memory_space.get(), file_space.get(),
+                H5P_DEFAULT, image.rgb.data()) < 0) {
+      throw DataFormatError(path_ + ": dataset '" + name + "' image " + std::to_string(row) +
+                            ": cannot be read (a damaged chunk?): " + util::hdf5_error_stack());
+    }
+  }
+  return images;
 }
 
 std::vector<QuestionRecord> DatasetReader::read_records(int64_t first, int64_t count) {

@@ -15,6 +15,7 @@
 #include "data/format.h"        // DataFormatError, dataset names, limits
 #include "data/hdf5_crash.h"    // hdf5_crash_context
 #include "data/hdf5_util.h"     // Hdf5Id
+#include "data/image_resample.h"  // SourceImage
 
 namespace vqa::data {
 
@@ -80,6 +81,8 @@ class DatasetReader {
   const SplitStatistics& statistics() const { return statistics_; }
   const std::vector<std::string>& token_vocabulary() const { return tokens_; }
   int64_t max_targets() const { return max_targets_; }  // M
+  // [n_images, 2] (height, width) of the source images; empty without them.
+  const std::vector<int32_t>& source_image_shapes() const { return source_shapes_; }
 
   // Rows must be sorted, unique and in range (else DataFormatError).
   QuestionRows read_question_rows(const std::vector<int64_t>& rows);
@@ -87,6 +90,9 @@ class DatasetReader {
   // features float32 [n, T, D], whichever the file stores.
   std::vector<uint8_t> read_pixels(const std::vector<int64_t>& image_rows);
   std::vector<float> read_features(const std::vector<int64_t>& image_rows);
+  // The source images of image rows (sorted, unique, in range) of a split
+  // that has them (DatasetInfo::has_source_images), in that order.
+  std::vector<SourceImage> read_source_images(const std::vector<int64_t>& image_rows);
 
   std::vector<QuestionRecord> read_records(int64_t first, int64_t count);
 
@@ -95,6 +101,7 @@ class DatasetReader {
   void validate_version2_header();  // tokenizer kind, special ids, normalisation (v1: defaults)
   void validate_special_tokens();   // once the vocabulary size is known
   void open_split_datasets();
+  void open_source_images();  // version 3's optional group; validates offsets and shapes
   void validate_rows();
   Hdf5Id open_checked(const std::string& name, const std::vector<std::string>& dtypes,
                       const std::vector<int64_t>& expected_shape, std::vector<int64_t>* shape);
@@ -122,6 +129,9 @@ class DatasetReader {
   SplitStatistics statistics_;
   std::vector<std::string> tokens_, question_types_;
   int64_t max_targets_ = 0;
+  std::vector<int64_t> source_offsets_;  // [n_images] when has_source_images
+  std::vector<int32_t> source_shapes_;   // [n_images, 2]: height, width
+  Hdf5Id source_pixels_;
   Hdf5Id file_, group_;
   Hdf5Id images_, image_names_, token_ids_, attention_mask_, image_row_, answer_type_, question_id_,
       question_type_, question_text_, answer_text_, target_labels_, target_scores_;

@@ -14,8 +14,10 @@ namespace vqa::data {
 // vocabulary has <s> = 0, <pad> = 1: version 1 fixed <pad> = 0, <cls> = 2),
 // the image normalisation and the tokenizer files' SHA-256. Readers accept
 // kOldestFormatVersion..kFormatVersion; a version-1 file reads as the word
-// tokenizer with ids 0, 1, 2 and no end token.
-constexpr int64_t kFormatVersion = 2;
+// tokenizer with ids 0, 1, 2 and no end token. Version 3 may hold a split's
+// source images (kSourcePixels ...), which the loader's random resized crop
+// cuts from; a version-2 file reads as one without them.
+constexpr int64_t kFormatVersion = 3;
 constexpr int64_t kOldestFormatVersion = 1;
 constexpr const char* kFormatName = "vqa-hpc";
 
@@ -69,6 +71,12 @@ constexpr const char* kQuestionText = "questions/question_text";    // string [n
 constexpr const char* kAnswerText = "questions/answer_text";        // string [n_q]
 constexpr const char* kTargetLabels = "targets/labels";             // int32 [n_q, M], -1 = none
 constexpr const char* kTargetScores = "targets/scores";             // float32 [n_q, M]
+// Since version 3, optional: the decoded source images, RGB interleaved,
+// image after image (image i: offsets[i] .. + height x width x 3 bytes).
+constexpr const char* kSourceImages = "source_images";                // the group
+constexpr const char* kSourcePixels = "source_images/pixels";         // uint8 [total bytes]
+constexpr const char* kSourceOffsets = "source_images/offsets";       // int64 [n_images]
+constexpr const char* kSourceShapes = "source_images/shapes";         // int32 [n_images, 2]: h, w
 
 constexpr int kAnswerTypeClosed = 0;
 constexpr int kAnswerTypeOpen = 1;
@@ -85,6 +93,7 @@ constexpr int64_t kMaxAnswers = 1'000'000;
 constexpr int64_t kMaxVocabulary = 10'000'000;
 constexpr int64_t kMaxQuestionLength = 4096;
 constexpr int64_t kMaxImageSize = 4096;
+constexpr int64_t kMaxSourceImageSide = 16384;  // a source image's height and width
 constexpr int64_t kMaxFeatureElements = int64_t{1} << 24;  // tokens x dim per image
 constexpr int64_t kMaxTargetsPerQuestion = 64;
 

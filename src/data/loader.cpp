@@ -3,11 +3,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <stdexcept>
+#include <thread>
 
 #include "data/dataset_reader.h"  // DatasetReader, QuestionRows
 #include "data/io_thread.h"       // Hdf5IoThread
 #include "runtime/distributed.h"  // distributed_is_initialized, _barrier, _configure_mpio
+#include "util/splitmix64.h"      // SplitMix64
 
 namespace vqa::data {
 
@@ -89,10 +93,24 @@ void pin_batch(Batch& batch) {
   }
 }
 
-// Questions `rows` (any order, repeats allowed) and their images, in that
-// order; each distinct question and image is read once.
-Batch read_batch(DatasetReader& reader, const std::vector<int64_t>& rows,
-                 const std::vector<float>& valid) {
+// Pixel values to the model's input: (pixel / 255 - mean) / std, per channel.
+torch::Tensor normalise_pixels(const torch::Tensor& pixels, const DatasetInfo& info) {
+  auto mean = torch::tensor(info.image_mean, torch::kFloat64).to(torch::kFloat32).view({1, 3, 1, 1});
+  auto std = torch::tensor(info.image_std, torch::kFloat64).to(torch::kFloat32).view({1, 3, 1, 1});
+  return pixels.to(torch::kFloat32).div_(255.0f).sub_(mean).div_(std);
+}
+
+// A batch's questions with their images still to come: image_rows[i] is
+// sample i's row of the split's images.
+struct QuestionBatch {
+  Batch batch;
+  std::vector<int64_t> image_rows;
+};
+
+// Questions `rows` (any order, repeats allowed), in that order; each
+// distinct question is read once.
+QuestionBatch read_questions(DatasetReader& reader, const std::vector<int64_t>& rows,
+                             const std::vector<float>& valid) {
   const DatasetInfo& info = reader.info();
   const std::vector<int64_t> unique_rows = sorted_unique(rows);
   const auto order = positions_in(rows, unique_rows);
@@ -100,7 +118,8 @@ Batch read_batch(DatasetReader& reader, const std::vector<int64_t>& rows,
   const auto u = static_cast<int64_t>(unique_rows.size());
   const int64_t length = info.max_question_length, targets_per_row = reader.max_targets();
 
-  Batch batch;
+  QuestionBatch result;
+  Batch& batch = result.batch;
   auto as_tensor = [&](std::vector<int64_t>& values, std::vector<int64_t> shape) {
     return torch::from_blob(values.data(), shape, torch::kInt64).index_select(0, order);
   };
@@ -123,29 +142,101 @@ Batch read_batch(DatasetReader& reader, const std::vector<int64_t>& rows,
     }
   }
   batch.targets = targets.index_select(0, order);
+  const auto position = order.accessor<int64_t, 1>();
+  for (int64_t i = 0; i < position.size(0); ++i) {
+    result.image_rows.push_back(questions.image_row[static_cast<size_t>(position[i])]);
+  }
+  return result;
+}
 
-  const std::vector<int64_t> unique_images = sorted_unique(questions.image_row);
-  const auto image_order = positions_in(questions.image_row, unique_images).index_select(0, order);
+// The stored images (pixels or features) of each sample, read once per distinct image.
+torch::Tensor read_images(DatasetReader& reader, const std::vector<int64_t>& image_rows) {
+  const DatasetInfo& info = reader.info();
+  const std::vector<int64_t> unique_images = sorted_unique(image_rows);
+  const auto image_order = positions_in(image_rows, unique_images);
   const auto ui = static_cast<int64_t>(unique_images.size());
   if (info.has_features) {
     auto features = reader.read_features(unique_images);
-    batch.images = torch::from_blob(features.data(), {ui, info.feature_tokens, info.feature_dim},
-                                    torch::kFloat32)
-                       .index_select(0, image_order);
-  } else {
-    const int64_t size = info.image_size;
-    auto pixels = reader.read_pixels(unique_images);
-    auto mean =
-        torch::tensor(info.image_mean, torch::kFloat64).to(torch::kFloat32).view({1, 3, 1, 1});
-    auto std =
-        torch::tensor(info.image_std, torch::kFloat64).to(torch::kFloat32).view({1, 3, 1, 1});
-    batch.images = torch::from_blob(pixels.data(), {ui, 3, size, size}, torch::kUInt8)
-                       .index_select(0, image_order)
-                       .to(torch::kFloat32)
-                       .div_(255.0f)
-                       .sub_(mean)
-                       .div_(std);
+    return torch::from_blob(features.data(), {ui, info.feature_tokens, info.feature_dim},
+                            torch::kFloat32)
+        .index_select(0, image_order);
   }
+  const int64_t size = info.image_size;
+  auto pixels = reader.read_pixels(unique_images);
+  return normalise_pixels(
+      torch::from_blob(pixels.data(), {ui, 3, size, size}, torch::kUInt8).index_select(0, image_order),
+      info);
+}
+
+// A batch whose images are still to be cut from their sources (off the I/O thread).
+struct SourceBatch {
+  QuestionBatch questions;
+  std::vector<SourceImage> sources;      // each distinct image once
+  std::vector<int64_t> source_of_sample;  // index into sources per sample
+};
+
+SourceBatch read_source_batch(DatasetReader& reader, const std::vector<int64_t>& rows,
+                              const std::vector<float>& valid) {
+  SourceBatch result;
+  result.questions = read_questions(reader, rows, valid);
+  const auto& image_rows = result.questions.image_rows;
+  const std::vector<int64_t> unique_images = sorted_unique(image_rows);
+  result.sources = reader.read_source_images(unique_images);
+  for (int64_t row : image_rows) {
+    result.source_of_sample.push_back(
+        std::lower_bound(unique_images.begin(), unique_images.end(), row) - unique_images.begin());
+  }
+  return result;
+}
+
+// What a batch's random resized crops need besides the images.
+struct CropJob {
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+  RandomCropRanges ranges;
+  int threads = 1;
+};
+
+// Sample i's image: the crop of its source drawn from (seed, epoch, rows[i]),
+// resized to the file's size, normalised as stored images are. Samples are
+// dealt to job.threads threads (this one included).
+torch::Tensor crop_images(const SourceBatch& raw, const std::vector<int64_t>& rows,
+                          const DatasetInfo& info, const CropJob& job) {
+  const auto count = static_cast<int64_t>(rows.size());
+  const int64_t size = info.image_size;
+  auto crops = torch::empty({count, size, size, 3}, torch::kUInt8);
+  uint8_t* out = crops.data_ptr<uint8_t>();
+  const int threads = static_cast<int>(std::clamp<int64_t>(job.threads, 1, std::max<int64_t>(1, count)));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+  auto work = [&](int thread) {
+    try {
+      for (int64_t i = thread; i < count; i += threads) {
+        const SourceImage& source = raw.sources[static_cast<size_t>(raw.source_of_sample[i])];
+        util::SplitMix64 rng(augment_crop_seed(job.seed, job.epoch, rows[i]));
+        const CropBox box = image_random_crop_box(source.width, source.height, job.ranges, rng);
+        const auto pixels = image_crop_resize_bicubic(source.rgb.data(), source.width,
+                                                      source.height, 3, box, static_cast<int>(size),
+                                                      static_cast<int>(size));
+        std::memcpy(out + i * size * size * 3, pixels.data(), pixels.size());
+      }
+    } catch (...) {
+      errors[static_cast<size_t>(thread)] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (int thread = 1; thread < threads; ++thread) helpers.emplace_back(work, thread);
+  work(0);
+  for (auto& helper : helpers) helper.join();
+  for (const auto& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+  return normalise_pixels(crops.permute({0, 3, 1, 2}).contiguous(), info);
+}
+
+// Trim and pin as the options ask: the last touches of every batch.
+Batch finish_batch(Batch batch, bool trim, bool pin) {
+  if (trim) batch_trim_text_padding(batch);
+  if (pin) pin_batch(batch);
   return batch;
 }
 
@@ -155,11 +246,13 @@ ShardedLoader::ShardedLoader(const std::string& path, const std::string& split,
                              const LoaderOptions& options)
     : options_(options), path_(path) {
   if (options.batch_per_rank < 1 || options.world_size < 1 || options.rank < 0 ||
-      options.rank >= options.world_size || options.prefetch_depth < 0) {
+      options.rank >= options.world_size || options.prefetch_depth < 0 ||
+      options.augment_threads < 1) {
     throw std::invalid_argument(
         "ShardedLoader(" + path + "): batch_per_rank " + std::to_string(options.batch_per_rank) +
         ", rank " + std::to_string(options.rank) + " of " + std::to_string(options.world_size) +
-        ", prefetch_depth " + std::to_string(options.prefetch_depth));
+        ", prefetch_depth " + std::to_string(options.prefetch_depth) + ", augment_threads " +
+        std::to_string(options.augment_threads));
   }
   const bool use_mpio = runtime::distributed_is_initialized();
   opened_with_mpio_ = use_mpio;
@@ -173,6 +266,13 @@ ShardedLoader::ShardedLoader(const std::string& path, const std::string& split,
   });
   reader_ = wait_for_reader(std::move(opening), *progress_, options.stall_seconds, path);
   info_ = reader_->info();
+  if (options_.random_resized_crop && !info_.has_source_images) {
+    throw DataFormatError(
+        path + ": split '" + split +
+        "' holds no source images, which the random resized crop (--augment resized-crop) cuts "
+        "from: make the file with vqa_prep convert --keep-source-images (or synth "
+        "--source-size N), format version 3");
+  }
   const int64_t n = info_.num_questions;
   num_samples_per_rank_ = options_.drop_last ? n / options_.world_size
                                              : (n + options_.world_size - 1) / options_.world_size;
@@ -222,6 +322,7 @@ void ShardedLoader::start_epoch(int64_t epoch, int64_t skip_steps) {
   shard_ = shard_indices_for_rank(info_.num_questions, options_.seed, epoch, options_.shuffle,
                                   options_.drop_last, options_.rank, options_.world_size);
   shard_.resize(static_cast<size_t>(num_samples_per_rank_));
+  epoch_ = epoch;
   next_submit_ = next_return_ = std::clamp<int64_t>(skip_steps, 0, steps_);
   while (static_cast<int>(in_flight_.size()) < options_.prefetch_depth && next_submit_ < steps_) {
     submit(next_submit_++);
@@ -237,13 +338,29 @@ void ShardedLoader::submit(int64_t step) {
   std::vector<float> valid;
   valid.reserve(rows.size());
   for (int64_t i = begin; i < end; ++i) valid.push_back(i < padding_start ? 1.0f : 0.0f);
-  in_flight_.push_back(Hdf5IoThread::instance().submit(
-      [reader = reader_, rows = std::move(rows), valid = std::move(valid),
-       pin = options_.pin_memory, trim = options_.trim_text_padding] {
-        Batch batch = read_batch(*reader, rows, valid);
-        if (trim) batch_trim_text_padding(batch);
-        if (pin) pin_batch(batch);
-        return batch;
+  const bool pin = options_.pin_memory, trim = options_.trim_text_padding;
+  if (!options_.random_resized_crop) {
+    in_flight_.push_back(Hdf5IoThread::instance().submit(
+        [reader = reader_, rows = std::move(rows), valid = std::move(valid), pin, trim] {
+          QuestionBatch read = read_questions(*reader, rows, valid);
+          read.batch.images = read_images(*reader, read.image_rows);
+          return finish_batch(std::move(read.batch), trim, pin);
+        }));
+    return;
+  }
+  // The I/O thread reads the sources; a thread of this batch's own crops them.
+  auto reading = Hdf5IoThread::instance().submit(
+      [reader = reader_, rows, valid = std::move(valid)] {
+        return read_source_batch(*reader, rows, valid);
+      });
+  const CropJob job{options_.seed, epoch_, options_.crop_ranges, options_.augment_threads};
+  in_flight_.push_back(std::async(
+      std::launch::async, [reading = std::move(reading), rows = std::move(rows), job,
+                           reader = reader_, pin, trim]() mutable {
+        SourceBatch raw = reading.get();
+        // info() is plain data fixed at open: reading it off the I/O thread is safe.
+        raw.questions.batch.images = crop_images(raw, rows, reader->info(), job);
+        return finish_batch(std::move(raw.questions.batch), trim, pin);
       }));
 }
 

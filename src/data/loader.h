@@ -30,8 +30,9 @@
 #include <string>
 #include <vector>
 
-#include "data/dataset_info.h"  // DatasetInfo
-#include "data/format.h"        // DataFormatError, kFormatVersion
+#include "data/dataset_info.h"    // DatasetInfo
+#include "data/format.h"          // DataFormatError, kFormatVersion
+#include "data/image_resample.h"  // RandomCropRanges
 
 namespace vqa::data {
 
@@ -70,6 +71,17 @@ struct LoaderOptions {
   // (padded keys get an attention weight of exactly 0, positions depend on
   // the real tokens only). Done on the I/O thread, before pinning.
   bool trim_text_padding = false;
+  // Train-time augmentation as M3AE's clip_resizedcrop: each sample's image
+  // is torchvision's RandomResizedCrop of its source image (the split must
+  // hold them: vqa_prep convert --keep-source-images) with crop_ranges, then
+  // Pillow's bicubic resize to the file's image_size. The box comes from
+  // augment_crop_seed(seed, epoch, question row) alone, so any number of
+  // ranks, any batch size and a resume give every sample the same crop.
+  // The crops run on augment_threads threads of their own per batch, off
+  // the I/O thread (one 512 px -> 384 px crop takes several ms).
+  bool random_resized_crop = false;
+  RandomCropRanges crop_ranges;
+  int augment_threads = 1;
   int rank = 0;
   int world_size = 1;
   // Opening and validating the file fails (DataFormatError naming the file
@@ -115,6 +127,7 @@ class ShardedLoader {
   std::shared_ptr<ReadProgress> progress_;  // the reader marks it for as long as it lives
   std::shared_ptr<DatasetReader> reader_;   // touched only on the I/O thread
   std::vector<int64_t> shard_;              // this rank's sample indices for the epoch
+  int64_t epoch_ = 0;
   int64_t num_samples_per_rank_ = 0;
   int64_t next_submit_ = 0, next_return_ = 0, steps_ = 0;
   std::deque<std::future<Batch>> in_flight_;
@@ -136,6 +149,11 @@ void batch_trim_text_padding(Batch& batch);
 // (see shard_padding_start).
 std::vector<int64_t> shard_indices_for_rank(int64_t dataset_size, uint64_t seed, int64_t epoch,
                                             bool shuffle, bool drop_last, int rank, int world_size);
+
+// The seed of the random resized crop of question `row` in `epoch`
+// (LoaderOptions::random_resized_crop): SplitMix64 outputs chained over
+// (seed, epoch, row); the loader draws the box with a SplitMix64 of it.
+uint64_t augment_crop_seed(uint64_t seed, int64_t epoch, int64_t row);
 
 // The position in this rank's shard from which samples are wrap-around
 // padding (shard size when there is none).

@@ -1,4 +1,5 @@
-// shard_indices_for_rank: the DistributedSampler semantics (loader.h).
+// shard_indices_for_rank: the DistributedSampler semantics (loader.h); and
+// augment_crop_seed, which gives each sample its crop.
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -55,6 +56,12 @@ int64_t shard_padding_start(int64_t dataset_size, bool drop_last, int rank, int 
   if (dataset_size <= rank) return 0;
   const int64_t first_padding = (dataset_size - rank + world_size - 1) / world_size;
   return std::min(per_rank, first_padding);
+}
+
+uint64_t augment_crop_seed(uint64_t seed, int64_t epoch, int64_t row) {
+  const uint64_t run = util::SplitMix64(seed ^ 0x8A5CD789635D2DFFull).next();
+  const uint64_t of_epoch = util::SplitMix64(run ^ static_cast<uint64_t>(epoch)).next();
+  return util::SplitMix64(of_epoch ^ static_cast<uint64_t>(row)).next();
 }
 
 }  // namespace vqa::data

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <sstream>
+#include <tuple>
 
 #include <torch/version.h>
 
@@ -35,6 +36,20 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
       .add("trim-text-padding", &c.trim_text_padding,
            "cut each batch's questions to the longest one (no compute on padding; the same "
            "outputs within float rounding)")
+      .add("augment", &c.augment,
+           "train-time augmentation: none | resized-crop (M3AE's clip_resizedcrop: each "
+           "sample's image is torchvision's RandomResizedCrop of its source image, then Pillow's "
+           "bicubic to the file's image size; the same crop for a sample on any number of ranks "
+           "and after a resume; needs a file made with vqa_prep convert --keep-source-images)")
+      .add("crop-scale-min", &c.crop_scale_min,
+           "resized-crop: smallest crop area, as a share of the image's area")
+      .add("crop-scale-max", &c.crop_scale_max, "resized-crop: largest crop area share")
+      .add("crop-ratio-min", &c.crop_ratio_min,
+           "resized-crop: smallest aspect ratio (width / height), drawn log-uniformly")
+      .add("crop-ratio-max", &c.crop_ratio_max, "resized-crop: largest aspect ratio")
+      .add("augment-threads", &c.augment_threads,
+           "resized-crop: threads per rank cropping each batch, off the I/O thread (0: as many "
+           "as --threads)")
       .add("preset", &c.preset, "model size: tiny | small | base")
       .add("hidden", &c.hidden, "hidden size (0: preset)")
       .add("heads", &c.heads, "attention heads (0: preset)")
@@ -199,6 +214,23 @@ void config_finalize(TrainConfig& c, int world_size) {
                      option_text(c.bucket_mb));
   if (c.mpi_allreduce != "ring" && c.mpi_allreduce != "library") {
     fatal_user_error("--mpi-allreduce must be ring or library, got '" + c.mpi_allreduce + "'");
+  }
+  if (c.augment != "none" && c.augment != "resized-crop") {
+    fatal_user_error("--augment must be none or resized-crop, got '" + c.augment + "'");
+  }
+  // Finite, 0 < min <= max; areas at most the whole image.
+  for (const auto& [name, low, high, limit] :
+       {std::tuple{"--crop-scale", c.crop_scale_min, c.crop_scale_max, 1.0},
+        std::tuple{"--crop-ratio", c.crop_ratio_min, c.crop_ratio_max, 1e6}}) {
+    if (!(low > 0) || !(low <= high) || !(high <= limit)) {
+      fatal_user_error(std::string(name) + "-min and " + name + "-max must satisfy 0 < min <= " +
+                       "max <= " + option_text(limit) + ", got " + option_text(low) + " and " +
+                       option_text(high));
+    }
+  }
+  if (c.augment_threads < 0 || c.augment_threads > 1024) {
+    fatal_user_error("--augment-threads must be 0 (as --threads) or 1..1024, got " +
+                     std::to_string(c.augment_threads));
   }
   if (c.prefetch_depth < 1) {
     fatal_user_error("--prefetch-depth must be >= 1, got " + std::to_string(c.prefetch_depth));

@@ -31,6 +31,12 @@ struct TrainConfig {
   int prefetch_depth = 4;
   bool drop_last = false;
   bool trim_text_padding = true;  // cut each batch's text to its longest question
+  // Train-time augmentation: none | resized-crop (M3AE's clip_resizedcrop:
+  // RandomResizedCrop of the source images with these ranges, bicubic).
+  std::string augment = "none";
+  double crop_scale_min = 0.9, crop_scale_max = 1.0;
+  double crop_ratio_min = 3.0 / 4.0, crop_ratio_max = 4.0 / 3.0;
+  int augment_threads = 0;  // crop threads per rank and batch; 0: as many as --threads
   // model
   std::string preset = "tiny";
   int64_t hidden = 0, heads = 0, ffn = 0, vision_layers = 0, text_layers = 0, fusion_layers = 0,

@@ -16,6 +16,7 @@
 #include "runtime/system_info.h"   // blas_description
 #include "train/checkpoint.h"      // checkpoint_latest, checkpoint_load, checkpoint_load_model
 #include "util/durable_file.h"     // write_file_atomically
+#include "util/options.h"          // option_text
 
 namespace vqa::train {
 
@@ -258,6 +259,13 @@ data::ShardedLoader open_loader(const std::string& path, const std::string& spli
   options.world_size = rank.world_size;
   options.pin_memory = device.is_cuda();
   options.trim_text_padding = config.trim_text_padding;
+  // Evaluation stays deterministic: the test split reads the stored
+  // (resized, centre-cropped) images.
+  options.random_resized_crop = train && config.augment == "resized-crop";
+  options.crop_ranges = {config.crop_scale_min, config.crop_scale_max, config.crop_ratio_min,
+                         config.crop_ratio_max};
+  options.augment_threads =
+      config.augment_threads > 0 ? config.augment_threads : std::max(1, at::get_num_threads());
   try {
     return data::ShardedLoader(path, split, options);
   } catch (const std::exception& e) {
@@ -408,6 +416,17 @@ void report_run_start(const TrainingParts& parts, const data::ShardedLoader& tra
            std::to_string(config.accumulation_steps) + " accumulation step(s); " +
            std::to_string(optimizer_steps_per_epoch(train_loader, config)) +
            " optimiser steps per epoch");
+  if (config.augment == "resized-crop") {
+    log.info("augmentation: train images are random resized crops of the source images (area " +
+             util::option_text(config.crop_scale_min) + ".." +
+             util::option_text(config.crop_scale_max) + ", aspect " +
+             util::option_text(config.crop_ratio_min) + ".." +
+             util::option_text(config.crop_ratio_max) + ", bicubic to " +
+             std::to_string(dataset.image_size) + " px), " +
+             std::to_string(config.augment_threads > 0 ? config.augment_threads
+                                                       : torch::get_num_threads()) +
+             " crop thread(s) per rank; evaluation reads the stored centre crops");
+  }
   const auto& sync = parts.gradients.stats();
   log.info("gradients: " + std::to_string(sync.buckets) + " bucket(s), " +
            std::to_string(sync.bytes_per_step) + " bytes per step" +

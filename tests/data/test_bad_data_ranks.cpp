@@ -183,7 +183,7 @@ std::vector<BadDataCase> header_cases() {
          with_file(path, [](hid_t f) { set_int_attribute(f, vqa::data::kAttrFormatVersion, 99); });
        },
        [] {
-         return std::string("attribute 'format_version': is 99, this build reads versions 1..2");
+         return std::string("attribute 'format_version': is 99, this build reads versions 1..3");
        }},
       {"special_token_outside_vocabulary",
        [](const std::string& path) {

@@ -1,4 +1,4 @@
-// vqa_prep's image transform (data_prep/image_resample.h) against Pillow's:
+// vqa_prep's image transform (src/data/image_resample.h) against Pillow's:
 // JPEG photos and scans of 300x200 .. 2048x1536 with structure, noise and
 // edges (colour and greyscale), written here with OpenCV, resized to the
 // side S (384 as M3AE fine-tunes, 224 as CLIP evaluates) by
@@ -16,7 +16,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "convert_images.h"   // image_load_square
-#include "image_resample.h"   // image_plan_square
+#include "data/image_resample.h"  // image_plan_square
 #include "process.h"          // run_process, make_temp_dir
 #include "util/splitmix64.h"  // SplitMix64
 
@@ -81,7 +81,7 @@ cv::Mat synthetic_photo(int width, int height, bool grey, uint64_t seed) {
 }
 
 TEST(ImageResize, SizeAndCropFollowTorchvision) {
-  using vqa::prep::image_plan_square;
+  using vqa::data::image_plan_square;
   struct Case {
     int width, height, size, resized_width, resized_height, left, top;
   };
@@ -159,7 +159,7 @@ TEST(ImageResize, MatchesPillowsBicubicAndCentreCropOnRealSizeJpegs) {
       ASSERT_EQ(vqa::prep::image_load_square(file, size, chw), "");
       // What convert did before: OpenCV's bicubic, which does not widen the
       // filter when it shrinks (no antialiasing); same size and crop.
-      const auto plan = vqa::prep::image_plan_square(ours_decoded.cols, ours_decoded.rows, size);
+      const auto plan = vqa::data::image_plan_square(ours_decoded.cols, ours_decoded.rows, size);
       cv::Mat opencv;
       cv::resize(ours_decoded, opencv, cv::Size(plan.width, plan.height), 0, 0, cv::INTER_CUBIC);
       const cv::Mat opencv_square = opencv(cv::Rect(plan.left, plan.top, size, size));
@@ -215,7 +215,7 @@ TEST(RandomResizedCrop, CropAndResizeMatchPillowBitForBit) {
   const std::string dir = vqa::testing::make_temp_dir("pil_crop");
   struct Case {
     int width, height;
-    vqa::prep::CropBox box;
+    vqa::data::CropBox box;
   };
   const std::vector<Case> cases = {
       {500, 400, {0, 0, 500, 400}},   {500, 400, {12, 7, 471, 385}}, {640, 480, {40, 0, 600, 480}},
@@ -245,7 +245,7 @@ TEST(RandomResizedCrop, CropAndResizeMatchPillowBitForBit) {
     cv::Mat bgr = cv::imread(files[i], cv::IMREAD_COLOR);
     cv::Mat rgb;
     cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
-    const auto ours = vqa::prep::image_crop_resize_bicubic(rgb.data, rgb.cols, rgb.rows, 3, box,
+    const auto ours = vqa::data::image_crop_resize_bicubic(rgb.data, rgb.cols, rgb.rows, 3, box,
                                                            size, size);
     const std::string name = files[i] + "." + std::to_string(box.left) + "_" +
                              std::to_string(box.top) + "_" + std::to_string(box.width) + "_" +
@@ -264,7 +264,7 @@ TEST(RandomResizedCrop, CropAndResizeMatchPillowBitForBit) {
   std::printf("crop + resize vs Pillow: %zu boxes, %ld values, %ld differ, largest difference %d\n",
               cases.size(), static_cast<long>(values), static_cast<long>(differing), worst);
   EXPECT_EQ(differing, 0);
-  EXPECT_THROW(vqa::prep::image_crop_resize_bicubic(nullptr, 10, 10, 3, {5, 0, 6, 10}, 4, 4),
+  EXPECT_THROW(vqa::data::image_crop_resize_bicubic(nullptr, 10, 10, 3, {5, 0, 6, 10}, 4, 4),
                std::invalid_argument);
 }
 
@@ -276,7 +276,7 @@ TEST(RandomResizedCrop, CropAndResizeMatchPillowBitForBit) {
 // fallback always when no box can fit: an image wider than 4:3 allows at
 // scale >= 0.9 (the whole height, width = round(height x 4/3), centred).
 TEST(RandomResizedCrop, BoxesFollowTorchvisionsRules) {
-  const vqa::prep::RandomCropRanges ranges;  // M3AE's: scale 0.9-1.0, ratio 3/4-4/3
+  const vqa::data::RandomCropRanges ranges;  // M3AE's: scale 0.9-1.0, ratio 3/4-4/3
   vqa::util::SplitMix64 rng(2024);
   struct Shape {
     int width, height;
@@ -291,7 +291,7 @@ TEST(RandomResizedCrop, BoxesFollowTorchvisionsRules) {
     const int draws = 20000;
     for (int i = 0; i < draws; ++i) {
       bool fell_back = false;
-      const auto box = vqa::prep::image_random_crop_box(shape.width, shape.height, ranges, rng,
+      const auto box = vqa::data::image_random_crop_box(shape.width, shape.height, ranges, rng,
                                                         &fell_back);
       ASSERT_GE(box.left, 0);
       ASSERT_GE(box.top, 0);
@@ -343,7 +343,7 @@ TEST(RandomResizedCrop, BoxesFollowTorchvisionsRules) {
   // Wider than any box of >= 90% area and ratio <= 4/3 allows: always the fallback.
   for (int i = 0; i < 100; ++i) {
     bool fell_back = false;
-    const auto box = vqa::prep::image_random_crop_box(1000, 300, ranges, rng, &fell_back);
+    const auto box = vqa::data::image_random_crop_box(1000, 300, ranges, rng, &fell_back);
     ASSERT_TRUE(fell_back);
     EXPECT_EQ(box.height, 300);
     EXPECT_EQ(box.width, 400);  // round(300 x 4/3)
@@ -352,15 +352,15 @@ TEST(RandomResizedCrop, BoxesFollowTorchvisionsRules) {
   }
   // Taller than 3:4 allows: the whole width, height = round(width / (3/4)), centred.
   bool fell_back = false;
-  const auto tall = vqa::prep::image_random_crop_box(300, 1000, ranges, rng, &fell_back);
+  const auto tall = vqa::data::image_random_crop_box(300, 1000, ranges, rng, &fell_back);
   EXPECT_TRUE(fell_back);
   EXPECT_EQ(tall.width, 300);
   EXPECT_EQ(tall.height, 400);
   EXPECT_EQ(tall.top, 300);
-  vqa::prep::RandomCropRanges empty;
+  vqa::data::RandomCropRanges empty;
   empty.scale_min = 0.0;
-  EXPECT_THROW(vqa::prep::image_random_crop_box(10, 10, empty, rng), std::invalid_argument);
-  EXPECT_THROW(vqa::prep::image_random_crop_box(0, 10, ranges, rng), std::invalid_argument);
+  EXPECT_THROW(vqa::data::image_random_crop_box(10, 10, empty, rng), std::invalid_argument);
+  EXPECT_THROW(vqa::data::image_random_crop_box(0, 10, ranges, rng), std::invalid_argument);
 }
 
 }  // namespace

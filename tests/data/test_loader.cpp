@@ -1,7 +1,7 @@
 // ShardedLoader under mpirun (1, 2, 3 ranks), on files written by the prep
 // library: exact round trip, DistributedSampler semantics over 3 epochs,
-// resume, prefetch depth and features. Every comparison is exact unless a
-// tolerance is stated next to it.
+// resume, prefetch depth, features and the random resized crop. Every
+// comparison is exact unless a tolerance is stated next to it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,10 +10,12 @@
 #include <set>
 #include <sstream>
 
-#include "data/loader.h"          // ShardedLoader
+#include "data/image_resample.h"  // image_random_crop_box, image_crop_resize_bicubic
+#include "data/loader.h"          // ShardedLoader, augment_crop_seed
 #include "process.h"              // make_temp_dir
 #include "runtime/distributed.h"  // distributed_broadcast_bytes, distributed_gather_strings
 #include "synth.h"                // synth_generate
+#include "util/splitmix64.h"      // SplitMix64
 #include "writer.h"               // prep_write_dataset, DatasetWriter
 
 namespace {
@@ -292,6 +294,106 @@ TEST(Loader, FeaturesRoundTripInFloat16) {
       }
       ASSERT_EQ(batch.targets[i][q % 2].item<float>(), 1.0f);
     }
+  }
+}
+
+// The random resized crop (M3AE's clip_resizedcrop) on sources of several
+// shapes: every sample's image is exactly the crop that (seed, epoch,
+// question row) gives, on 1, 2 and 3 ranks (each rank checks against the
+// same formula, so any rank count gives a sample the same pixels), with 3
+// crop threads, in two epochs that crop differently; the box rules and the
+// crop itself are tested against torchvision and Pillow in
+// test_image_resize.cpp. A file without sources is refused.
+TEST(Loader, RandomResizedCropIsTheSamplesOwnOnAnyRankCount) {
+  constexpr int64_t kSize = 16, kQuestions = 23;
+  const std::vector<std::pair<int, int>> shapes = {{40, 30}, {30, 50}, {64, 64}, {17, 23}, {16, 16}};
+  auto source_of = [&](size_t image) {
+    vqa::data::SourceImage source;
+    source.width = shapes[image].first;
+    source.height = shapes[image].second;
+    source.rgb.resize(static_cast<size_t>(source.width) * source.height * 3);
+    vqa::util::SplitMix64 noise(image + 1);
+    for (auto& value : source.rgb) value = static_cast<uint8_t>(noise.below(256));
+    return source;
+  };
+  const std::string path = shared_file("sources.h5", [&](const std::string& p) {
+    vqa::prep::FileHeader header;
+    header.image_size = kSize;
+    header.answer_labels = {"yes", "no"};
+    header.token_vocabulary = {"<pad>", "<unk>", "<cls>", "word"};
+    header.question_types = {"t"};
+    header.max_question_length = 4;
+    vqa::prep::DatasetWriter writer(p);
+    writer.begin_split("train", kSize);
+    std::vector<std::string> names;
+    const std::vector<uint8_t> stored(3 * kSize * kSize, 128);
+    for (size_t image = 0; image < shapes.size(); ++image) {
+      writer.append_image(stored.data());
+      writer.append_source_image(source_of(image));
+      names.push_back("image" + std::to_string(image));
+    }
+    writer.end_images(names);
+    vqa::prep::QuestionTable table(4, 1);
+    for (int64_t q = 0; q < kQuestions; ++q) {
+      table.add({2, 3}, static_cast<int32_t>(q % 5), 0, 100 + q, 0, "q", "a", {0}, {1.0f});
+    }
+    writer.write_questions("train", table);
+    writer.commit(header);
+  });
+  LoaderOptions options = options_for(4, false, 2);
+  options.random_resized_crop = true;
+  options.crop_ranges = {0.5, 1.0, 0.6, 1.6};  // wide ranges: boxes differ visibly
+  options.augment_threads = 3;
+  ShardedLoader loader(path, "train", options);
+  EXPECT_TRUE(loader.info().has_source_images);
+  const auto& info = loader.info();
+  const auto mean = torch::tensor(info.image_mean).to(torch::kFloat32).view({3, 1, 1});
+  const auto std = torch::tensor(info.image_std).to(torch::kFloat32).view({3, 1, 1});
+  std::map<int64_t, torch::Tensor> first_epoch;
+  int64_t checked = 0, changed = 0;
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    loader.start_epoch(epoch);
+    Batch batch;
+    while (loader.next(batch)) {
+      ASSERT_EQ(batch.images.sizes(), (std::vector<int64_t>{batch.size(), 3, kSize, kSize}));
+      for (int64_t i = 0; i < batch.size(); ++i) {
+        const int64_t row = batch.question_ids[i].item<int64_t>() - 100;
+        const auto source = source_of(static_cast<size_t>(row % 5));
+        vqa::util::SplitMix64 rng(vqa::data::augment_crop_seed(options.seed, epoch, row));
+        const auto box = vqa::data::image_random_crop_box(source.width, source.height,
+                                                          options.crop_ranges, rng);
+        auto want = vqa::data::image_crop_resize_bicubic(source.rgb.data(), source.width,
+                                                          source.height, 3, box, kSize, kSize);
+        const auto reference =
+            torch::from_blob(want.data(), {kSize, kSize, 3}, torch::kUInt8).permute({2, 0, 1});
+        // Undo the normalisation and round: the uint8 crop comes back exactly.
+        const auto pixels = (batch.images[i] * std + mean).mul(255.0f).round().to(torch::kUInt8);
+        ASSERT_TRUE(torch::equal(pixels, reference)) << "epoch " << epoch << " row " << row;
+        ++checked;
+        if (epoch == 0) {
+          first_epoch[row] = pixels.clone();
+        } else if (first_epoch.count(row) && !torch::equal(first_epoch[row], pixels)) {
+          ++changed;
+        }
+      }
+    }
+  }
+  const int world = vqa::runtime::distributed_rank_info().world_size;
+  EXPECT_EQ(checked, 2 * ((kQuestions + world - 1) / world));
+  // Another epoch draws other boxes (a sample's shard may move between ranks,
+  // so only the samples this rank saw twice count).
+  EXPECT_GT(changed, 0);
+
+  LoaderOptions refused = options_for(4, false, 1);
+  refused.random_resized_crop = true;
+  try {
+    ShardedLoader plain(synth_path(), "train", refused);
+    ADD_FAILURE() << "a file without source images was accepted";
+  } catch (const vqa::data::DataFormatError& e) {
+    EXPECT_NE(std::string(e.what()).find(synth_path() + ": split 'train' holds no source images"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("--keep-source-images"), std::string::npos) << e.what();
   }
 }
 

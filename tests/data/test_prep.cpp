@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
 
 #include "data/dataset_reader.h"  // DatasetReader
 #include "data/loader.h"          // ShardedLoader
@@ -221,14 +222,71 @@ TEST(PrepBadInput, EmptySplitFailsAndLeavesNoOutput) {
   EXPECT_FALSE(fixture.output_left());
 }
 
+// --keep-source-images: the train split also holds each image as decoded
+// (RGB, its own size), byte for byte what OpenCV decodes from the file; the
+// stored squares are those of a conversion without it; the test split has
+// none. With --features it is refused.
+TEST(Prep, ConvertKeepsTheTrainSplitsSourceImages) {
+  Fixture plain("sources-plain");
+  ASSERT_EQ(run_process(plain.command(), 120).exit_code, 0);
+  Fixture fixture("sources");
+  const auto result = run_process(fixture.command("--keep-source-images"), 120);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  vqa::data::DatasetReader train(fixture.output, "train");
+  vqa::data::DatasetReader test(fixture.output, "test");
+  vqa::data::DatasetReader plain_train(plain.output, "train");
+  EXPECT_EQ(train.info().format_version, 3);
+  ASSERT_TRUE(train.info().has_source_images);
+  EXPECT_FALSE(test.info().has_source_images);
+  EXPECT_FALSE(plain_train.info().has_source_images);
+  EXPECT_EQ(train.read_pixels({0, 1, 2}), plain_train.read_pixels({0, 1, 2}));
+  const auto sources = train.read_source_images({0, 1, 2});
+  const std::vector<std::string> files = {"a.png", "b.jpg", "sub/c.png"};
+  for (size_t i = 0; i < files.size(); ++i) {
+    SCOPED_TRACE(files[i]);
+    cv::Mat bgr = cv::imread(fixture.images + "/" + files[i], cv::IMREAD_COLOR);
+    cv::Mat rgb;
+    cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+    ASSERT_EQ(sources[i].width, rgb.cols);
+    ASSERT_EQ(sources[i].height, rgb.rows);
+    EXPECT_TRUE(std::equal(sources[i].rgb.begin(), sources[i].rgb.end(), rgb.data));
+  }
+  EXPECT_EQ(sources[0].width, 40);  // the fixture's sizes: not square, not the stored 24
+  EXPECT_EQ(sources[2].height, 48);
+
+  const auto refused = run_process(
+      fixture.command("--keep-source-images --features " + fixture.dir + "/f.h5"), 60);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("--keep-source-images stores the decoded images; --features"),
+            std::string::npos)
+      << refused.output;
+}
+
 // Rewrites one value of a good file, as corruption or a foreign writer would.
 void damage_file(const std::string& path, const std::string& what) {
   vqa::data::hdf5_silence_errors();
   vqa::data::Hdf5Id file(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
   ASSERT_TRUE(file.valid());
+  // Writes `value` at the element `coordinates` (one per dimension) of a dataset.
+  auto write_one = [&](const char* name, const std::vector<hsize_t>& coordinates,
+                       hid_t memory_type, const void* value) {
+    vqa::data::Hdf5Id dataset(H5Dopen2(file.get(), name, H5P_DEFAULT));
+    vqa::data::Hdf5Id space(H5Dget_space(dataset.get()));
+    ASSERT_GE(H5Sselect_elements(space.get(), H5S_SELECT_SET, 1, coordinates.data()), 0);
+    const hsize_t one = 1;
+    vqa::data::Hdf5Id memory(H5Screate_simple(1, &one, nullptr));
+    ASSERT_GE(H5Dwrite(dataset.get(), memory_type, memory.get(), space.get(), H5P_DEFAULT, value),
+              0);
+  };
   if (what == "version") {
     ASSERT_GE(H5Adelete(file.get(), "format_version"), 0);
     vqa::data::hdf5_write_int_attribute(file.get(), "format_version", 99, path);
+  } else if (what == "source_offsets") {
+    const int64_t value = 5;
+    write_one("/train/source_images/offsets", {2}, H5T_NATIVE_INT64, &value);
+  } else if (what == "source_shapes") {
+    const int32_t value = 0;  // image 1's height
+    write_one("/train/source_images/shapes", {1, 0}, H5T_NATIVE_INT32, &value);
   } else {
     vqa::data::Hdf5Id dataset(H5Dopen2(file.get(), "/train/questions/image_row", H5P_DEFAULT));
     vqa::data::Hdf5Id space(H5Dget_space(dataset.get()));
@@ -283,7 +341,8 @@ TEST(BadFile, InspectGivesUpOnAFileOnWhichHdf5NeverReturns) {
 TEST(BadFile, EveryRankReportsItAndExitsWithinSeconds) {
   const std::string dir = vqa::testing::make_temp_dir("badfile");
   ASSERT_EQ(
-      run_process(kPrep + " synth --train-questions 200 --test-questions 50 -o " + dir + "/good.h5",
+      run_process(kPrep + " synth --train-questions 200 --test-questions 50 --source-size 24 -o " +
+                      dir + "/good.h5",
                   60)
           .exit_code,
       0);
@@ -300,8 +359,14 @@ TEST(BadFile, EveryRankReportsItAndExitsWithinSeconds) {
             std::string::npos)
       << result.output;
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"version", "attribute 'format_version': is 99, this build reads versions 1..2"},
-      {"image_row", "dataset '/train/questions/image_row' row 3: value 9999 is outside [0, 100)"}};
+      {"version", "attribute 'format_version': is 99, this build reads versions 1..3"},
+      {"image_row", "dataset '/train/questions/image_row' row 3: value 9999 is outside [0, 100)"},
+      // Format version 3's source images (24 x 24 x 3 = 1728 bytes each).
+      {"source_offsets",
+       "dataset '/train/source_images/offsets' row 2: value 5 is not 3456, where the previous "
+       "image ends"},
+      {"source_shapes",
+       "dataset '/train/source_images/shapes' row 1: height x width 0x24 is outside 1..16384"}};
   for (const auto& [what, message] : cases) {
     SCOPED_TRACE(what);
     const std::string file = dir + "/" + what + ".h5";

@@ -1,11 +1,11 @@
-#include "image_resample.h"
+#include "data/image_resample.h"
 
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
 
-namespace vqa::prep {
+namespace vqa::data {
 
 namespace {
 
@@ -225,4 +225,4 @@ std::vector<uint8_t> image_crop_resize_bicubic(const uint8_t* pixels, int width,
   return image_resize_bicubic(crop.data(), box.width, box.height, channels, out_width, out_height);
 }
 
-}  // namespace vqa::prep
+}  // namespace vqa::data

@@ -1,6 +1,8 @@
-// The image transform of CLIP and M3AE's evaluation, reproduced without
-// Python: torchvision's Resize(S) on a PIL image (the shorter side to S with
-// PIL's antialiased bicubic filter) then CenterCrop(S).
+// The image transforms of CLIP and M3AE, reproduced without Python:
+// evaluation's torchvision Resize(S) on a PIL image (the shorter side to S
+// with PIL's antialiased bicubic filter) then CenterCrop(S), which vqa_prep
+// stores; and training's RandomResizedCrop (M3AE's clip_resizedcrop), which
+// the loader applies to the stored source images batch by batch.
 //
 // The resampling follows Pillow's src/libImaging/Resample.c (Image.resize
 // with BICUBIC and reducing_gap=None, as torchvision calls it): a separable
@@ -11,11 +13,19 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "util/splitmix64.h"  // SplitMix64
 
-namespace vqa::prep {
+namespace vqa::data {
+
+// A decoded 8-bit RGB image as PIL holds it: interleaved channels,
+// height x width x 3, row-major.
+struct SourceImage {
+  int width = 0, height = 0;
+  std::vector<uint8_t> rgb;
+};
 
 // Where the square comes from: resize to width x height, then crop the
 // size x size square at (left, top).
@@ -64,4 +74,4 @@ std::vector<uint8_t> image_crop_resize_bicubic(const uint8_t* pixels, int width,
                                                int channels, const CropBox& box, int out_width,
                                                int out_height);
 
-}  // namespace vqa::prep
+}  // namespace vqa::data
