@@ -65,10 +65,87 @@ AxisFilter axis_filter(int in_size, int out_size) {
   return filter;
 }
 
-uint8_t clip8(int64_t value) {
-  if (value >= (int64_t{1} << kPrecisionBits << 8)) return 255;
+// Sums are int32 as in Pillow: 255 x the positive weights (at most ~1.2 x
+// 2^22, the cubic's negative lobes being small) stays below 2^31.
+uint8_t clip8(int32_t value) {
+  if (value >= (int32_t{1} << kPrecisionBits << 8)) return 255;
   if (value <= 0) return 0;
   return static_cast<uint8_t>(value >> kPrecisionBits);
+}
+
+// Pillow's two passes over an image whose rows are `stride` bytes apart
+// (a crop is a window of its source: no copy).
+std::vector<uint8_t> resize_window(const uint8_t* pixels, size_t stride, int width, int height,
+                                   int channels, int out_width, int out_height) {
+  const AxisFilter horizontal = axis_filter(width, out_width);
+  const AxisFilter vertical = axis_filter(height, out_height);
+  const int32_t round_half = int32_t{1} << (kPrecisionBits - 1);
+
+  // Horizontal pass, over the input rows the vertical pass reads (as Pillow).
+  const uint8_t* source = pixels;
+  size_t source_stride = stride;
+  int row_offset = 0;
+  std::vector<uint8_t> rows;
+  if (out_width != width) {
+    const int first_row = vertical.first.front();
+    const int last_row = vertical.first.back() + vertical.count.back();
+    const size_t out_stride = static_cast<size_t>(out_width) * channels;
+    rows.resize(static_cast<size_t>(last_row - first_row) * out_stride);
+    for (int y = first_row; y < last_row; ++y) {
+      const uint8_t* in = pixels + static_cast<size_t>(y) * stride;
+      uint8_t* out = rows.data() + static_cast<size_t>(y - first_row) * out_stride;
+      for (int x = 0; x < out_width; ++x) {
+        const int32_t* k = &horizontal.weights[static_cast<size_t>(x) * horizontal.taps];
+        const uint8_t* start = in + static_cast<size_t>(horizontal.first[x]) * channels;
+        const int count = horizontal.count[x];
+        if (channels == 3) {  // RGB, the common case: the three sums side by side
+          int32_t s0 = round_half, s1 = round_half, s2 = round_half;
+          for (int t = 0; t < count; ++t) {
+            s0 += start[3 * t] * k[t];
+            s1 += start[3 * t + 1] * k[t];
+            s2 += start[3 * t + 2] * k[t];
+          }
+          out[3 * x] = clip8(s0);
+          out[3 * x + 1] = clip8(s1);
+          out[3 * x + 2] = clip8(s2);
+          continue;
+        }
+        for (int c = 0; c < channels; ++c) {
+          int32_t sum = round_half;
+          for (int t = 0; t < count; ++t) sum += start[t * channels + c] * k[t];
+          out[x * channels + c] = clip8(sum);
+        }
+      }
+    }
+    source = rows.data();
+    source_stride = out_stride;
+    row_offset = first_row;
+  }
+  const size_t row_bytes = static_cast<size_t>(out_width) * channels;
+  std::vector<uint8_t> result(static_cast<size_t>(out_height) * row_bytes);
+  if (out_height == height) {
+    for (int y = 0; y < height; ++y) {
+      std::copy(source + y * source_stride, source + y * source_stride + row_bytes,
+                result.data() + y * row_bytes);
+    }
+    return result;
+  }
+  // Vertical pass: one output row's sums at a time, tap by tap (vectorises).
+  std::vector<int32_t> sums(row_bytes);
+  for (int y = 0; y < out_height; ++y) {
+    const int32_t* k = &vertical.weights[static_cast<size_t>(y) * vertical.taps];
+    const uint8_t* start =
+        source + static_cast<size_t>(vertical.first[y] - row_offset) * source_stride;
+    std::fill(sums.begin(), sums.end(), round_half);
+    for (int t = 0; t < vertical.count[y]; ++t) {
+      const uint8_t* in = start + t * source_stride;
+      const int32_t weight = k[t];
+      for (size_t i = 0; i < row_bytes; ++i) sums[i] += in[i] * weight;
+    }
+    uint8_t* out = result.data() + static_cast<size_t>(y) * row_bytes;
+    for (size_t i = 0; i < row_bytes; ++i) out[i] = clip8(sums[i]);
+  }
+  return result;
 }
 
 }  // namespace
@@ -105,52 +182,8 @@ std::vector<uint8_t> image_resize_bicubic(const uint8_t* pixels, int width, int 
   if (width < 1 || height < 1 || out_width < 1 || out_height < 1 || channels < 1) {
     throw std::invalid_argument("image_resize_bicubic: bad size");
   }
-  const AxisFilter horizontal = axis_filter(width, out_width);
-  const AxisFilter vertical = axis_filter(height, out_height);
-  const int64_t round_half = int64_t{1} << (kPrecisionBits - 1);
-
-  // Horizontal pass, over the input rows the vertical pass reads (as Pillow).
-  const uint8_t* source = pixels;
-  int source_width = width, row_offset = 0;
-  std::vector<uint8_t> rows;
-  if (out_width != width) {
-    const int first_row = vertical.first.front();
-    const int last_row = vertical.first.back() + vertical.count.back();
-    rows.resize(static_cast<size_t>(last_row - first_row) * out_width * channels);
-    for (int y = first_row; y < last_row; ++y) {
-      const uint8_t* in = pixels + static_cast<size_t>(y) * width * channels;
-      uint8_t* out = rows.data() + static_cast<size_t>(y - first_row) * out_width * channels;
-      for (int x = 0; x < out_width; ++x) {
-        const int32_t* k = &horizontal.weights[static_cast<size_t>(x) * horizontal.taps];
-        const uint8_t* start = in + static_cast<size_t>(horizontal.first[x]) * channels;
-        for (int c = 0; c < channels; ++c) {
-          int64_t sum = round_half;
-          for (int t = 0; t < horizontal.count[x]; ++t) sum += start[t * channels + c] * k[t];
-          out[x * channels + c] = clip8(sum);
-        }
-      }
-    }
-    source = rows.data();
-    source_width = out_width;
-    row_offset = first_row;
-  }
-  if (out_height == height) {
-    return std::vector<uint8_t>(source,
-                                source + static_cast<size_t>(height) * source_width * channels);
-  }
-  std::vector<uint8_t> result(static_cast<size_t>(out_height) * out_width * channels);
-  const size_t stride = static_cast<size_t>(source_width) * channels;
-  for (int y = 0; y < out_height; ++y) {
-    const int32_t* k = &vertical.weights[static_cast<size_t>(y) * vertical.taps];
-    const uint8_t* start = source + static_cast<size_t>(vertical.first[y] - row_offset) * stride;
-    uint8_t* out = result.data() + static_cast<size_t>(y) * stride;
-    for (size_t i = 0; i < stride; ++i) {
-      int64_t sum = round_half;
-      for (int t = 0; t < vertical.count[y]; ++t) sum += start[t * stride + i] * k[t];
-      out[i] = clip8(sum);
-    }
-  }
-  return result;
+  return resize_window(pixels, static_cast<size_t>(width) * channels, width, height, channels,
+                       out_width, out_height);
 }
 
 namespace {
@@ -215,14 +248,13 @@ std::vector<uint8_t> image_crop_resize_bicubic(const uint8_t* pixels, int width,
         std::to_string(box.left) + ", " + std::to_string(box.top) + ") is not inside the " +
         std::to_string(width) + "x" + std::to_string(height) + " image");
   }
-  std::vector<uint8_t> crop(static_cast<size_t>(box.width) * box.height * channels);
-  const size_t row_bytes = static_cast<size_t>(box.width) * channels;
-  for (int y = 0; y < box.height; ++y) {
-    const uint8_t* source =
-        pixels + (static_cast<size_t>(box.top + y) * width + box.left) * channels;
-    std::copy(source, source + row_bytes, crop.data() + y * row_bytes);
+  if (out_width < 1 || out_height < 1 || channels < 1) {
+    throw std::invalid_argument("image_crop_resize_bicubic: bad size");
   }
-  return image_resize_bicubic(crop.data(), box.width, box.height, channels, out_width, out_height);
+  // Pillow's crop then resize: the resize reads only the box.
+  const size_t stride = static_cast<size_t>(width) * channels;
+  return resize_window(pixels + box.top * stride + static_cast<size_t>(box.left) * channels, stride,
+                       box.width, box.height, channels, out_width, out_height);
 }
 
 }  // namespace vqa::data
