@@ -1,7 +1,10 @@
 // vqa_loader_bench: how much of a training step the data path costs. A
 // consumer takes a fixed time per batch (a stand-in for the model step);
 // the bench reports samples/s and the fraction of step time next() spent
-// waiting for the prefetch thread. Run it under mpirun like the job.
+// waiting for the prefetch thread. Run it under mpirun like the job. With
+// --augment resized-crop it times the random resized crop too (a file with
+// source images: vqa_prep synth --source-size, convert --keep-source-images);
+// --compute-ms 0 measures how fast the data path alone can go.
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -21,6 +24,8 @@ struct BenchOptions {
   int prefetch = 2;
   double compute_ms = 20.0;
   int64_t epochs = 2;
+  std::string augment = "none";
+  int augment_threads = 1;
 };
 
 // Returns false after printing --help.
@@ -31,7 +36,11 @@ bool parse_options(int argc, char** argv, int rank, BenchOptions& options) {
       .add("batch", &options.batch, "batch per rank")
       .add("prefetch", &options.prefetch, "batches prepared ahead (0: none)")
       .add("compute-ms", &options.compute_ms, "consumer time per batch, milliseconds")
-      .add("epochs", &options.epochs, "epochs to time");
+      .add("epochs", &options.epochs, "epochs to time")
+      .add("augment", &options.augment,
+           "none | resized-crop (vqa_train's --augment: M3AE's random resized crop, scale "
+           "0.9..1, ratio 3/4..4/3)")
+      .add("augment-threads", &options.augment_threads, "crop threads per rank");
   try {
     if (table.parse(argc, argv)) return true;
   } catch (const vqa::util::OptionError& e) {
@@ -41,6 +50,18 @@ bool parse_options(int argc, char** argv, int rank, BenchOptions& options) {
   return false;
 }
 
+void check_options(const BenchOptions& options) {
+  if (options.augment != "none" && options.augment != "resized-crop") {
+    vqa::runtime::fatal_user_error("--augment must be none or resized-crop, got '" +
+                                   options.augment + "'");
+  }
+  if (options.batch < 1 || options.prefetch < 0 || options.epochs < 1 ||
+      !(options.compute_ms >= 0) || options.augment_threads < 1) {
+    vqa::runtime::fatal_user_error(
+        "--batch, --epochs and --augment-threads must be >= 1, --prefetch and --compute-ms >= 0");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -48,17 +69,21 @@ int main(int argc, char** argv) {
   const auto& rank = session.rank_info();
   BenchOptions options;
   if (!parse_options(argc, argv, rank.rank, options)) return 0;
+  check_options(options);
   auto comm = vqa::runtime::communicator_create(vqa::runtime::Backend::kMpi, torch::kCPU);
   double elapsed = 0.0, wait = 0.0;
-  int64_t samples = 0, steps = 0, dataset_size = 0;
+  int64_t samples = 0, steps = 0, dataset_size = 0, image_size = 0;
   try {
     vqa::data::LoaderOptions loader_options;
     loader_options.batch_per_rank = options.batch;
     loader_options.prefetch_depth = options.prefetch;
     loader_options.rank = rank.rank;
     loader_options.world_size = rank.world_size;
+    loader_options.random_resized_crop = options.augment == "resized-crop";
+    loader_options.augment_threads = options.augment_threads;
     vqa::data::ShardedLoader loader(options.data, options.split, loader_options);
     dataset_size = loader.info().num_questions;
+    image_size = loader.info().image_size;
     const auto compute = std::chrono::duration<double, std::milli>(options.compute_ms);
     vqa::data::Batch batch;
     // Epoch 0 warms the page cache and the I/O thread; epochs 1.. are timed.
@@ -92,6 +117,17 @@ int main(int argc, char** argv) {
         "step time (worst rank), %.3f ms per step\n",
         static_cast<long>(options.epochs), static_cast<long>(steps), total_samples / slowest,
         100.0 * worst_wait / slowest, steps ? 1e3 * worst_wait / steps : 0.0);
+    const double per_rank = total_samples / slowest / rank.world_size;
+    if (options.augment == "resized-crop") {
+      std::printf(
+          "random resized crop to %ld px on %d crop thread(s) per rank: %.1f samples/s per rank, "
+          "%.1f per crop thread\n",
+          static_cast<long>(image_size), options.augment_threads, per_rank,
+          per_rank / options.augment_threads);
+    } else {
+      std::printf("stored %ld px images: %.1f samples/s per rank\n",
+                  static_cast<long>(image_size), per_rank);
+    }
   }
   return 0;
 }

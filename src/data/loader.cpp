@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
-#include <cstring>
 #include <exception>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -14,6 +15,36 @@
 #include "util/splitmix64.h"      // SplitMix64
 
 namespace vqa::data {
+
+// Batches crop one at a time, in the order they were submitted: ticket n
+// waits until tickets 0..n-1 are done.
+class CropGate {
+ public:
+  class Turn {
+   public:
+    Turn(CropGate& gate, int64_t ticket) : gate_(gate) {
+      std::unique_lock<std::mutex> lock(gate_.mutex_);
+      gate_.changed_.wait(lock, [&] { return gate_.serving_ == ticket; });
+    }
+    ~Turn() {
+      {
+        std::lock_guard<std::mutex> lock(gate_.mutex_);
+        ++gate_.serving_;
+      }
+      gate_.changed_.notify_all();
+    }
+    Turn(const Turn&) = delete;
+    Turn& operator=(const Turn&) = delete;
+
+   private:
+    CropGate& gate_;
+  };
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int64_t serving_ = 0;
+};
 
 namespace {
 
@@ -198,15 +229,23 @@ struct CropJob {
 };
 
 // Sample i's image: the crop of its source drawn from (seed, epoch, rows[i]),
-// resized to the file's size, normalised as stored images are. Samples are
-// dealt to job.threads threads (this one included).
+// resized to the file's size and normalised as normalise_pixels does (the
+// same float operations in the same order), each thread writing its samples
+// straight into the batch. Samples are dealt to job.threads threads (this
+// one included).
 torch::Tensor crop_images(const SourceBatch& raw, const std::vector<int64_t>& rows,
                           const DatasetInfo& info, const CropJob& job) {
   const auto count = static_cast<int64_t>(rows.size());
-  const int64_t size = info.image_size;
-  auto crops = torch::empty({count, size, size, 3}, torch::kUInt8);
-  uint8_t* out = crops.data_ptr<uint8_t>();
-  const int threads = static_cast<int>(std::clamp<int64_t>(job.threads, 1, std::max<int64_t>(1, count)));
+  const int64_t size = info.image_size, plane = size * size;
+  auto images = torch::empty({count, 3, size, size}, torch::kFloat32);
+  float* out = images.data_ptr<float>();
+  float mean[3], std[3];
+  for (size_t c = 0; c < 3; ++c) {
+    mean[c] = static_cast<float>(info.image_mean[c]);
+    std[c] = static_cast<float>(info.image_std[c]);
+  }
+  const int threads =
+      static_cast<int>(std::clamp<int64_t>(job.threads, 1, std::max<int64_t>(1, count)));
   std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
   auto work = [&](int thread) {
     try {
@@ -217,7 +256,12 @@ torch::Tensor crop_images(const SourceBatch& raw, const std::vector<int64_t>& ro
         const auto pixels = image_crop_resize_bicubic(source.rgb.data(), source.width,
                                                       source.height, 3, box, static_cast<int>(size),
                                                       static_cast<int>(size));
-        std::memcpy(out + i * size * size * 3, pixels.data(), pixels.size());
+        for (int64_t c = 0; c < 3; ++c) {
+          float* channel = out + (i * 3 + c) * plane;
+          for (int64_t p = 0; p < plane; ++p) {
+            channel[p] = (static_cast<float>(pixels[3 * p + c]) / 255.0f - mean[c]) / std[c];
+          }
+        }
       }
     } catch (...) {
       errors[static_cast<size_t>(thread)] = std::current_exception();
@@ -230,7 +274,7 @@ torch::Tensor crop_images(const SourceBatch& raw, const std::vector<int64_t>& ro
   for (const auto& error : errors) {
     if (error) std::rethrow_exception(error);
   }
-  return normalise_pixels(crops.permute({0, 3, 1, 2}).contiguous(), info);
+  return images;
 }
 
 // Trim and pin as the options ask: the last touches of every batch.
@@ -354,10 +398,20 @@ void ShardedLoader::submit(int64_t step) {
         return read_source_batch(*reader, rows, valid);
       });
   const CropJob job{options_.seed, epoch_, options_.crop_ranges, options_.augment_threads};
+  if (!crop_gate_) crop_gate_ = std::make_shared<CropGate>();
   in_flight_.push_back(std::async(
       std::launch::async, [reading = std::move(reading), rows = std::move(rows), job,
-                           reader = reader_, pin, trim]() mutable {
-        SourceBatch raw = reading.get();
+                           reader = reader_, pin, trim, gate = crop_gate_,
+                           ticket = crop_tickets_++]() mutable {
+        std::exception_ptr failed;
+        SourceBatch raw;
+        try {
+          raw = reading.get();
+        } catch (...) {
+          failed = std::current_exception();
+        }
+        const CropGate::Turn turn(*gate, ticket);  // every ticket takes its turn, failed or not
+        if (failed) std::rethrow_exception(failed);
         // info() is plain data fixed at open: reading it off the I/O thread is safe.
         raw.questions.batch.images = crop_images(raw, rows, reader->info(), job);
         return finish_batch(std::move(raw.questions.batch), trim, pin);

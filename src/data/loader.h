@@ -77,8 +77,10 @@ struct LoaderOptions {
   // Pillow's bicubic resize to the file's image_size. The box comes from
   // augment_crop_seed(seed, epoch, question row) alone, so any number of
   // ranks, any batch size and a resume give every sample the same crop.
-  // The crops run on augment_threads threads of their own per batch, off
-  // the I/O thread (one 512 px -> 384 px crop takes several ms).
+  // The crops run off the I/O thread on augment_threads threads, one batch
+  // at a time in batch order (so a rank never crops on more threads than
+  // that, whatever the prefetch depth); one 512 px -> 384 px crop takes ~3
+  // ms of a core.
   bool random_resized_crop = false;
   RandomCropRanges crop_ranges;
   int augment_threads = 1;
@@ -94,6 +96,7 @@ struct LoaderOptions {
 };
 
 class DatasetReader;  // dataset_reader.h: the HDF5 side, used on the I/O thread only
+class CropGate;       // loader.cpp: lets one batch at a time crop, in submission order
 class ReadProgress;   // dataset_reader.h: what the reader is reading, for the stall check
 
 class ShardedLoader {
@@ -131,6 +134,8 @@ class ShardedLoader {
   int64_t num_samples_per_rank_ = 0;
   int64_t next_submit_ = 0, next_return_ = 0, steps_ = 0;
   std::deque<std::future<Batch>> in_flight_;
+  std::shared_ptr<CropGate> crop_gate_;  // random_resized_crop only
+  int64_t crop_tickets_ = 0;             // batches handed to the gate so far
   double wait_seconds_ = 0.0;
 };
 
