@@ -21,7 +21,7 @@ namespace vqa::prep {
 
 namespace {
 
-constexpr size_t kImageChunk = 256;  // images decoded at a time: bounds memory
+constexpr size_t kImageChunk = 256;       // images decoded at a time: bounds memory
 constexpr size_t kSourceImageChunk = 32;  // the same, keeping the decoded sources
 
 struct ImageStats {
@@ -321,7 +321,8 @@ void convert_run(const ConvertOptions& options) {
   std::printf(
       "vqa_prep convert: %zu answer labels (from %s), %zu vocabulary entries (tokenizer %s), %zu "
       "question types; images normalised with %s mean/std\n",
-      header.answer_labels.size(), !options.include_test_answers ? "train"
+      header.answer_labels.size(),
+      !options.include_test_answers ? "train"
       : val_split.records.empty()   ? "train + test"
                                     : "train + val + test",
       header.token_vocabulary.size(), header.tokenizer.c_str(), header.question_types.size(),

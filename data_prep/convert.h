@@ -24,9 +24,9 @@ struct ConvertOptions {
   // How answers become labels: "vqa" (answer_normalize) or "m3ae"
   // (answer_normalize_m3ae: M3AE's label sets, e.g. K = 222 for SLAKE).
   std::string answer_normalization = "vqa";
-  bool include_test_answers = false;   // label set from train + val + test (as M3AE does)
-  bool strict = false;                 // fail on the first bad record instead of skipping it
-  std::string features;                // an HDF5 file of per-image features instead of images
+  bool include_test_answers = false;  // label set from train + val + test (as M3AE does)
+  bool strict = false;                // fail on the first bad record instead of skipping it
+  std::string features;               // an HDF5 file of per-image features instead of images
   std::string features_dataset = "image_features";
   std::string features_index = "image_names";
   bool features_float16 = false;

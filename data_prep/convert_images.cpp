@@ -5,7 +5,7 @@
 #include <opencv2/imgcodecs.hpp>
 #include <thread>
 
-#include "data/format.h"     // DataFormatError, kMaxFeatureElements
+#include "data/format.h"          // DataFormatError, kMaxFeatureElements
 #include "data/image_resample.h"  // image_plan_square, image_resize_bicubic
 
 namespace vqa::prep {
@@ -82,7 +82,8 @@ void image_load_all(const std::vector<std::string>& files, int64_t size, int thr
   for (int t = 0; t < threads; ++t) {
     workers.emplace_back([&, t] {
       for (size_t i = static_cast<size_t>(t); i < files.size(); i += static_cast<size_t>(threads)) {
-        errors[i] = image_load_square(files[i], size, images[i], sources ? &(*sources)[i] : nullptr);
+        errors[i] =
+            image_load_square(files[i], size, images[i], sources ? &(*sources)[i] : nullptr);
       }
     });
   }

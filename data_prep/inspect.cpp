@@ -166,9 +166,10 @@ void inspect_run(const std::string& path, int64_t records) {
         largest = std::max({largest, shapes[i], shapes[i + 1]});
         bytes += 3.0 * shapes[i] * shapes[i + 1];
       }
-      std::printf("[%s] source images: %zu, sides %d..%d px, %.1f MB (for vqa_train --augment "
-                  "resized-crop)\n",
-                  split.c_str(), shapes.size() / 2, smallest, largest, bytes / 1e6);
+      std::printf(
+          "[%s] source images: %zu, sides %d..%d px, %.1f MB (for vqa_train --augment "
+          "resized-crop)\n",
+          split.c_str(), shapes.size() / 2, smallest, largest, bytes / 1e6);
     }
     std::vector<size_t> order(stats.top_label_counts.size());
     std::iota(order.begin(), order.end(), size_t{0});

@@ -7,8 +7,8 @@
 
 #include "data/format.h"          // kAnswerTypeClosed, kAnswerTypeOpen
 #include "data/image_resample.h"  // SourceImage, image_resize_bicubic
-#include "text.h"             // WordTokenizer
-#include "util/splitmix64.h"  // SplitMix64
+#include "text.h"                 // WordTokenizer
+#include "util/splitmix64.h"      // SplitMix64
 
 namespace vqa::prep {
 
@@ -120,8 +120,8 @@ bool make_question(int type, const std::vector<Shape>& shapes, Random& random, Q
 
 // SynthOptions::source_size: the [3, S', S'] drawing kept as an interleaved
 // source image, and its resize to S written to `pixels`.
-data::SourceImage keep_source(const std::vector<uint8_t>& drawn, int64_t source_size,
-                              int64_t size, uint8_t* pixels) {
+data::SourceImage keep_source(const std::vector<uint8_t>& drawn, int64_t source_size, int64_t size,
+                              uint8_t* pixels) {
   data::SourceImage source;
   source.width = source.height = static_cast<int>(source_size);
   const int64_t plane = source_size * source_size;
@@ -129,8 +129,8 @@ data::SourceImage keep_source(const std::vector<uint8_t>& drawn, int64_t source_
   for (int64_t p = 0; p < plane; ++p) {
     for (int64_t c = 0; c < 3; ++c) source.rgb[3 * p + c] = drawn[c * plane + p];
   }
-  const auto resized = data::image_resize_bicubic(source.rgb.data(), source.width, source.height,
-                                                  3, static_cast<int>(size), static_cast<int>(size));
+  const auto resized = data::image_resize_bicubic(source.rgb.data(), source.width, source.height, 3,
+                                                  static_cast<int>(size), static_cast<int>(size));
   for (int64_t p = 0; p < size * size; ++p) {
     for (int64_t c = 0; c < 3; ++c) pixels[c * size * size + p] = resized[3 * p + c];
   }
@@ -158,7 +158,8 @@ SplitData generate_split(const std::string& name, int64_t num_questions,
     }
     uint8_t* pixels = split.pixels.data() + image * image_bytes;
     if (options.source_size > 0 && name == "train") {
-      std::vector<uint8_t> drawn(static_cast<size_t>(3 * options.source_size * options.source_size));
+      std::vector<uint8_t> drawn(
+          static_cast<size_t>(3 * options.source_size * options.source_size));
       draw(shapes, options.source_size, random, drawn.data());
       split.sources.push_back(keep_source(drawn, options.source_size, options.image_size, pixels));
     } else {
@@ -189,8 +190,8 @@ SynthDataset synth_generate(const SynthOptions& options) {
       options.source_size > data::kMaxImageSize ||
       (options.source_size > 0 && options.source_size < 8)) {
     throw std::invalid_argument("synth: need >= 1 question per split, image size 8.." +
+                                std::to_string(data::kMaxImageSize) + ", source size 0 or 8.." +
                                 std::to_string(data::kMaxImageSize) +
-                                ", source size 0 or 8.." + std::to_string(data::kMaxImageSize) +
                                 ", >= 1 question per image, max length >= 8");
   }
   // The templates' words are the vocabulary; build it from one question of each kind.

@@ -48,15 +48,20 @@ int run_synth(const std::vector<std::string>& arguments, const std::string& comm
   std::string output;
   vqa::util::OptionTable table("synth options");
   table.add_required("output,o", &output, "dataset file to write")
-      .add("train-questions", &options.train_questions, "questions in /train")
-      .add("test-questions", &options.test_questions, "questions in /test")
-      .add("questions-per-image", &options.questions_per_image, "questions asked of each image")
-      .add("image-size", &options.image_size, "image side in pixels")
+      .add("train-questions", &options.train_questions, "questions in /train",
+           vqa::util::Range{1, 1e8})
+      .add("test-questions", &options.test_questions, "questions in /test",
+           vqa::util::Range{1, 1e8})
+      .add("questions-per-image", &options.questions_per_image, "questions asked of each image",
+           vqa::util::Range{1, 1e6})
+      .add("image-size", &options.image_size, "image side in pixels", vqa::util::Range{8, 4096})
       .add("source-size", &options.source_size,
            "also store the train images as drawn at this side, as source images (format "
            "version 3) for vqa_train --augment resized-crop; the stored images are then their "
-           "resize to --image-size (0: no source images)")
-      .add("max-len", &options.max_question_length, "question length in tokens, <cls> included")
+           "resize to --image-size (0: no source images)",
+           vqa::util::Range{0, 4096})
+      .add("max-len", &options.max_question_length, "question length in tokens, <cls> included",
+           vqa::util::Range{8, 4096})
       .add("seed", &options.seed, "random seed");
   if (!parse("synth", arguments, table)) return 0;
   const auto start = vqa::util::SteadyClock::now();
@@ -92,24 +97,31 @@ int run_convert(const std::vector<std::string>& arguments, const std::string& co
       .add("images", &options.image_dir, "image folder; record image names are relative to it")
       .add_required("output,o", &options.output, "dataset file to write")
       .add("image-size", &options.image_size,
-           "stored image side: shorter side resized (PIL's antialiased bicubic), centre crop")
+           "stored image side: shorter side resized (PIL's antialiased bicubic), centre crop",
+           vqa::util::Range{1, 4096})
       .add("max-len", &options.max_length,
-           "question length in tokens, special tokens included; longer questions are truncated")
-      .add("tokenizer", &options.tokenizer,
-           "word (vocabulary from the training questions) or roberta (--vocab-json, "
-           "--merges-txt)")
+           "question length in tokens, special tokens included; longer questions are truncated",
+           vqa::util::Range{2, 4096})
+      .add_choice("tokenizer", &options.tokenizer,
+                  "word (vocabulary from the training questions) or roberta (--vocab-json, "
+                  "--merges-txt)",
+                  {"word", "roberta"})
       .add("vocab-json", &options.vocab_json,
            "roberta: vocab.json of a Hugging Face RoBERTa tokenizer (token -> id)")
       .add("merges-txt", &options.merges_txt, "roberta: its merges.txt (BPE merges by rank)")
       .add("min-word-count", &options.min_word_count,
-           "word: training questions a word must occur in to get its own token")
-      .add("normalize", &options.normalize,
-           "image mean/std stored for the loader: dataset (the training images') or clip "
-           "(CLIP's, as M3AE uses)")
+           "word: training questions a word must occur in to get its own token",
+           vqa::util::Range{1, 1e9})
+      .add_choice("normalize", &options.normalize,
+                  "image mean/std stored for the loader: dataset (the training images') or clip "
+                  "(CLIP's, as M3AE uses)",
+                  {"dataset", "clip"})
       .add("language", &options.language, "keep records whose q_lang is this (SLAKE)")
-      .add("answer-normalization", &options.answer_normalization,
-           "how answers become labels: vqa (the VQA evaluation's normalisation) or m3ae (M3AE's "
-           "normalize_word, as its label sets are built)")
+      .add_choice(
+          "answer-normalization", &options.answer_normalization,
+          "how answers become labels: vqa (the VQA evaluation's normalisation) or m3ae (M3AE's "
+          "normalize_word, as its label sets are built)",
+          {"vqa", "m3ae"})
       .add("include-test-answers", &options.include_test_answers,
            "build the answer label set from train, val and test answers (as M3AE does)")
       .add("strict", &options.strict, "fail on the first bad record instead of skipping it")
@@ -122,7 +134,8 @@ int run_convert(const std::vector<std::string>& arguments, const std::string& co
            "also store the train split's decoded images as they are (format version 3), which "
            "vqa_train --augment resized-crop cuts its random crops from (M3AE's "
            "clip_resizedcrop); the file grows by height x width x 3 bytes per train image")
-      .add("threads", &options.threads, "image decoding threads (0: all cores)");
+      .add("threads", &options.threads, "image decoding threads (0: all cores)",
+           vqa::util::Range{0, 1024});
   if (!parse("convert", arguments, table)) return 0;
   try {
     vqa::prep::convert_check_options(options);
@@ -183,7 +196,7 @@ int run_inspect(const std::vector<std::string>& arguments) {
   int64_t records = 3;
   vqa::util::OptionTable table("inspect options");
   table.add_required("file", &file, "dataset file")
-      .add("records", &records, "questions to print per split")
+      .add("records", &records, "questions to print per split", vqa::util::Range{0, 1e9})
       .positional("file", 1);
   if (!parse("inspect", arguments, table)) return 0;
   vqa::prep::inspect_run(file, records);

@@ -157,9 +157,8 @@ int64_t DatasetWriter::append_features(const float* values) {
 
 void DatasetWriter::append_source_image(const data::SourceImage& source) {
   const auto count = static_cast<int64_t>(source_offsets_.size());
-  if (row_shape_.size() != 3 || count + 1 != image_rows_ || source.width < 1 ||
-      source.height < 1 || source.width > data::kMaxSourceImageSide ||
-      source.height > data::kMaxSourceImageSide ||
+  if (row_shape_.size() != 3 || count + 1 != image_rows_ || source.width < 1 || source.height < 1 ||
+      source.width > data::kMaxSourceImageSide || source.height > data::kMaxSourceImageSide ||
       source.rgb.size() != static_cast<size_t>(source.width) * source.height * 3) {
     throw std::logic_error("append_source_image: source " + std::to_string(count) + " (" +
                            std::to_string(source.width) + "x" + std::to_string(source.height) +

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "data/dataset_info.h"  // SpecialTokenIds
-#include "data/format.h"        // kPadToken
-#include "data/hdf5_util.h"     // Hdf5Id
+#include "data/dataset_info.h"    // SpecialTokenIds
+#include "data/format.h"          // kPadToken
+#include "data/hdf5_util.h"       // Hdf5Id
 #include "data/image_resample.h"  // SourceImage
 
 namespace vqa::prep {
@@ -83,8 +83,6 @@ class DatasetWriter {
   // Writes the header, closes and renames. The only step that makes `path` appear.
   void commit(const FileHeader& header);
 
-  const std::string& partial_path() const { return partial_path_; }
-
  private:
   int64_t append_row(hid_t memory_type, const void* row);
 
@@ -102,7 +100,7 @@ class DatasetWriter {
 struct SplitData {
   std::string name;
   int64_t image_size = 0;
-  std::vector<uint8_t> pixels;  // [n_images, 3, S, S]
+  std::vector<uint8_t> pixels;             // [n_images, 3, S, S]
   std::vector<data::SourceImage> sources;  // none, or one per image (format version 3)
   std::vector<std::string> image_names;
   QuestionTable questions{32, 1};

@@ -118,6 +118,9 @@ double time_raw_mpi(Communicator& comm, const torch::Tensor& buffer, int iters) 
 
 }  // namespace
 
+int run_bench(const BenchConfig& config, int64_t min_bytes, int64_t max_bytes,
+              const vqa::runtime::RankInfo& info);
+
 int main(int argc, char** argv) {
   vqa::runtime::DistributedSession session(&argc, &argv);  // MPI ends after everything below
   const auto& info = session.rank_info();
@@ -127,19 +130,26 @@ int main(int argc, char** argv) {
       .add("minbytes,b", &config.min_bytes, "smallest message, bytes per rank (suffixes K, M, G)")
       .add("maxbytes,e", &config.max_bytes, "largest message, bytes per rank (suffixes K, M, G)")
       .add("stepfactor,f", &config.step_factor,
-           "multiply the size by this factor from one row to the next (>= 2)")
-      .add("warmup_iters,w", &config.warmup_iters, "untimed allreduces before each size")
-      .add("iters,n", &config.iters, "timed allreduces per round")
+           "multiply the size by this factor from one row to the next", vqa::util::Range{2, 1024})
+      .add("warmup_iters,w", &config.warmup_iters, "untimed allreduces before each size",
+           vqa::util::Range{0, 1e6})
+      .add("iters,n", &config.iters, "timed allreduces per round", vqa::util::Range{1, 1e6})
       .add("rounds,r", &config.rounds,
-           "rounds per size; the table shows the median round (ours and raw MPI alternate)")
-      .add("datatype,d", &config.dtype, "element type: float (float32) or bf16 (bfloat16)")
-      .add("op,o", &config.op, "reduction: sum or avg (sum, then divide by the number of ranks)")
-      .add("backend", &config.backend, "communicator: auto (from --device), mpi or nccl")
-      .add("mpi-allreduce", &config.mpi_allreduce,
-           "the MPI backend's algorithm for buffers of 64 KiB and more: ring (the project's "
-           "pipelined ring) or library (MPI_Allreduce)")
-      .add("device", &config.device,
-           "where the buffer lives: cpu or cuda (the only visible GPU, or the local rank's)")
+           "rounds per size; the table shows the median round (ours and raw MPI alternate)",
+           vqa::util::Range{1, 1e4})
+      .add_choice("datatype,d", &config.dtype, "element type: float (float32) or bf16 (bfloat16)",
+                  {"float", "bf16"})
+      .add_choice("op,o", &config.op,
+                  "reduction: sum or avg (sum, then divide by the number of ranks)", {"sum", "avg"})
+      .add_choice("backend", &config.backend, "communicator: auto (from --device), mpi or nccl",
+                  {"auto", "mpi", "nccl"})
+      .add_choice("mpi-allreduce", &config.mpi_allreduce,
+                  "the MPI backend's algorithm for buffers of 64 KiB and more: ring (the "
+                  "project's pipelined ring) or library (MPI_Allreduce)",
+                  {"ring", "library"})
+      .add_choice("device", &config.device,
+                  "where the buffer lives: cpu or cuda (the only visible GPU, or the local rank's)",
+                  {"cpu", "cuda"})
       .add("check,c", &config.check,
            "verify every size's result (true) or not (false); wrong elements make the exit "
            "status 1")
@@ -162,17 +172,25 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     vqa::runtime::fatal_user_error(std::string("vqa_allreduce_bench: -b/-e: ") + e.what());
   }
-  if (config.dtype != "float" && config.dtype != "bf16") {
-    vqa::runtime::fatal_user_error("--datatype must be float or bf16, got '" + config.dtype + "'");
+  constexpr int64_t kMaxBytes = int64_t{16} << 30;
+  if (min_bytes < 1 || max_bytes < min_bytes || max_bytes > kMaxBytes) {
+    vqa::runtime::fatal_user_error("need 1 <= -b <= -e <= 16G, got -b " + config.min_bytes +
+                                   " -e " + config.max_bytes);
   }
-  if (config.op != "sum" && config.op != "avg") {
-    vqa::runtime::fatal_user_error("--op must be sum or avg, got '" + config.op + "'");
+  // Nothing a user types may end in std::terminate (an allocation that
+  // fails, a device that is not there): the error line, exit 2, every rank.
+  try {
+    return run_bench(config, min_bytes, max_bytes, info);
+  } catch (const c10::Error& e) {
+    vqa::runtime::fatal_user_error(std::string("vqa_allreduce_bench: ") +
+                                   e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    vqa::runtime::fatal_user_error(std::string("vqa_allreduce_bench: ") + e.what());
   }
-  if (config.step_factor < 2 || min_bytes < 1 || max_bytes < min_bytes || config.iters < 1 ||
-      config.rounds < 1) {
-    vqa::runtime::fatal_user_error("need -f >= 2, 1 <= -b <= -e, -n >= 1 and -r >= 1");
-  }
+}
 
+int run_bench(const BenchConfig& config, int64_t min_bytes, int64_t max_bytes,
+              const vqa::runtime::RankInfo& info) {
   const torch::Device device(config.device == "cuda" ? torch::kCUDA : torch::kCPU,
                              config.device == "cuda" ? vqa::runtime::cuda_device_for(info) : -1);
   vqa::runtime::Backend backend = vqa::runtime::Backend::kAuto;

@@ -32,15 +32,19 @@ struct BenchOptions {
 bool parse_options(int argc, char** argv, int rank, BenchOptions& options) {
   vqa::util::OptionTable table("vqa_loader_bench options");
   table.add_required("data", &options.data, "dataset file (vqa_prep output)")
-      .add("split", &options.split, "train or test")
-      .add("batch", &options.batch, "batch per rank")
-      .add("prefetch", &options.prefetch, "batches prepared ahead (0: none)")
-      .add("compute-ms", &options.compute_ms, "consumer time per batch, milliseconds")
-      .add("epochs", &options.epochs, "epochs to time")
-      .add("augment", &options.augment,
-           "none | resized-crop (vqa_train's --augment: M3AE's random resized crop, scale "
-           "0.9..1, ratio 3/4..4/3)")
-      .add("augment-threads", &options.augment_threads, "crop threads per rank");
+      .add_choice("split", &options.split, "the split to read", {"train", "test"})
+      .add("batch", &options.batch, "batch per rank", vqa::util::Range{1, 65536})
+      .add("prefetch", &options.prefetch, "batches prepared ahead (0: none)",
+           vqa::util::Range{0, 64})
+      .add("compute-ms", &options.compute_ms, "consumer time per batch, milliseconds",
+           vqa::util::Range{0, 1e6})
+      .add("epochs", &options.epochs, "epochs to time", vqa::util::Range{1, 1e6})
+      .add_choice("augment", &options.augment,
+                  "vqa_train's --augment: none, or resized-crop (M3AE's random resized crop, "
+                  "scale 0.9..1, ratio 3/4..4/3)",
+                  {"none", "resized-crop"})
+      .add("augment-threads", &options.augment_threads, "crop threads per rank",
+           vqa::util::Range{1, 1024});
   try {
     if (table.parse(argc, argv)) return true;
   } catch (const vqa::util::OptionError& e) {
@@ -50,18 +54,6 @@ bool parse_options(int argc, char** argv, int rank, BenchOptions& options) {
   return false;
 }
 
-void check_options(const BenchOptions& options) {
-  if (options.augment != "none" && options.augment != "resized-crop") {
-    vqa::runtime::fatal_user_error("--augment must be none or resized-crop, got '" +
-                                   options.augment + "'");
-  }
-  if (options.batch < 1 || options.prefetch < 0 || options.epochs < 1 ||
-      !(options.compute_ms >= 0) || options.augment_threads < 1) {
-    vqa::runtime::fatal_user_error(
-        "--batch, --epochs and --augment-threads must be >= 1, --prefetch and --compute-ms >= 0");
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -69,7 +61,6 @@ int main(int argc, char** argv) {
   const auto& rank = session.rank_info();
   BenchOptions options;
   if (!parse_options(argc, argv, rank.rank, options)) return 0;
-  check_options(options);
   auto comm = vqa::runtime::communicator_create(vqa::runtime::Backend::kMpi, torch::kCPU);
   double elapsed = 0.0, wait = 0.0;
   int64_t samples = 0, steps = 0, dataset_size = 0, image_size = 0;
@@ -125,8 +116,8 @@ int main(int argc, char** argv) {
           static_cast<long>(image_size), options.augment_threads, per_rank,
           per_rank / options.augment_threads);
     } else {
-      std::printf("stored %ld px images: %.1f samples/s per rank\n",
-                  static_cast<long>(image_size), per_rank);
+      std::printf("stored %ld px images: %.1f samples/s per rank\n", static_cast<long>(image_size),
+                  per_rank);
     }
   }
   return 0;

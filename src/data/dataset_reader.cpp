@@ -181,10 +181,9 @@ void DatasetReader::open_split_datasets() {
     fingerprint.add(text);
   }
   const SpecialTokenIds& special = info_.special_tokens;
-  for (int64_t value :
-       {info_.image_size, info_.max_question_length, info_.feature_tokens, info_.feature_dim,
-        max_targets_, special.pad, special.cls, special.eos, special.unk,
-        int64_t{info_.has_source_images}}) {
+  for (int64_t value : {info_.image_size, info_.max_question_length, info_.feature_tokens,
+                        info_.feature_dim, max_targets_, special.pad, special.cls, special.eos,
+                        special.unk, int64_t{info_.has_source_images}}) {
     fingerprint.add(value);
   }
   for (double value : info_.image_mean) fingerprint.add(std::to_string(value));

@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "data/dataset_info.h"  // DatasetInfo
-#include "data/format.h"        // DataFormatError, dataset names, limits
-#include "data/hdf5_crash.h"    // hdf5_crash_context
-#include "data/hdf5_util.h"     // Hdf5Id
+#include "data/dataset_info.h"    // DatasetInfo
+#include "data/format.h"          // DataFormatError, dataset names, limits
+#include "data/hdf5_crash.h"      // hdf5_crash_context
+#include "data/hdf5_util.h"       // Hdf5Id
 #include "data/image_resample.h"  // SourceImage
 
 namespace vqa::data {

@@ -73,10 +73,10 @@ constexpr const char* kTargetLabels = "targets/labels";             // int32 [n_
 constexpr const char* kTargetScores = "targets/scores";             // float32 [n_q, M]
 // Since version 3, optional: the decoded source images, RGB interleaved,
 // image after image (image i: offsets[i] .. + height x width x 3 bytes).
-constexpr const char* kSourceImages = "source_images";                // the group
-constexpr const char* kSourcePixels = "source_images/pixels";         // uint8 [total bytes]
-constexpr const char* kSourceOffsets = "source_images/offsets";       // int64 [n_images]
-constexpr const char* kSourceShapes = "source_images/shapes";         // int32 [n_images, 2]: h, w
+constexpr const char* kSourceImages = "source_images";           // the group
+constexpr const char* kSourcePixels = "source_images/pixels";    // uint8 [total bytes]
+constexpr const char* kSourceOffsets = "source_images/offsets";  // int64 [n_images]
+constexpr const char* kSourceShapes = "source_images/shapes";    // int32 [n_images, 2]: h, w
 
 constexpr int kAnswerTypeClosed = 0;
 constexpr int kAnswerTypeOpen = 1;
@@ -93,7 +93,7 @@ constexpr int64_t kMaxAnswers = 1'000'000;
 constexpr int64_t kMaxVocabulary = 10'000'000;
 constexpr int64_t kMaxQuestionLength = 4096;
 constexpr int64_t kMaxImageSize = 4096;
-constexpr int64_t kMaxSourceImageSide = 16384;  // a source image's height and width
+constexpr int64_t kMaxSourceImageSide = 16384;             // a source image's height and width
 constexpr int64_t kMaxFeatureElements = int64_t{1} << 24;  // tokens x dim per image
 constexpr int64_t kMaxTargetsPerQuestion = 64;
 

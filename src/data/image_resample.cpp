@@ -205,7 +205,8 @@ CropBox image_random_crop_box(int width, int height, const RandomCropRanges& ran
   if (!(ranges.scale_min > 0.0 && ranges.scale_min <= ranges.scale_max) ||
       !(ranges.ratio_min > 0.0 && ranges.ratio_min <= ranges.ratio_max) ||
       !std::isfinite(ranges.scale_max) || !std::isfinite(ranges.ratio_max)) {
-    throw std::invalid_argument("random crop: scale and ratio must be ranges low <= high in (0, inf)");
+    throw std::invalid_argument(
+        "random crop: scale and ratio must be ranges low <= high in (0, inf)");
   }
   if (fell_back) *fell_back = false;
   const double area = static_cast<double>(width) * height;
@@ -243,10 +244,10 @@ std::vector<uint8_t> image_crop_resize_bicubic(const uint8_t* pixels, int width,
                                                int out_height) {
   if (box.width < 1 || box.height < 1 || box.left < 0 || box.top < 0 ||
       box.left + box.width > width || box.top + box.height > height) {
-    throw std::invalid_argument(
-        "crop box " + std::to_string(box.width) + "x" + std::to_string(box.height) + " at (" +
-        std::to_string(box.left) + ", " + std::to_string(box.top) + ") is not inside the " +
-        std::to_string(width) + "x" + std::to_string(height) + " image");
+    throw std::invalid_argument("crop box " + std::to_string(box.width) + "x" +
+                                std::to_string(box.height) + " at (" + std::to_string(box.left) +
+                                ", " + std::to_string(box.top) + ") is not inside the " +
+                                std::to_string(width) + "x" + std::to_string(height) + " image");
   }
   if (out_width < 1 || out_height < 1 || channels < 1) {
     throw std::invalid_argument("image_crop_resize_bicubic: bad size");

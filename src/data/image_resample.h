@@ -51,7 +51,7 @@ struct CropBox {
 // The ranges of torchvision's RandomResizedCrop (M3AE's clip_resizedcrop:
 // scale 0.9 to 1.0, ratio 3/4 to 4/3, the defaults' ratio).
 struct RandomCropRanges {
-  double scale_min = 0.9, scale_max = 1.0;       // of the image's area
+  double scale_min = 0.9, scale_max = 1.0;              // of the image's area
   double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;  // width / height
 };
 

@@ -126,7 +126,8 @@ void pin_batch(Batch& batch) {
 
 // Pixel values to the model's input: (pixel / 255 - mean) / std, per channel.
 torch::Tensor normalise_pixels(const torch::Tensor& pixels, const DatasetInfo& info) {
-  auto mean = torch::tensor(info.image_mean, torch::kFloat64).to(torch::kFloat32).view({1, 3, 1, 1});
+  auto mean =
+      torch::tensor(info.image_mean, torch::kFloat64).to(torch::kFloat32).view({1, 3, 1, 1});
   auto std = torch::tensor(info.image_std, torch::kFloat64).to(torch::kFloat32).view({1, 3, 1, 1});
   return pixels.to(torch::kFloat32).div_(255.0f).sub_(mean).div_(std);
 }
@@ -194,15 +195,15 @@ torch::Tensor read_images(DatasetReader& reader, const std::vector<int64_t>& ima
   }
   const int64_t size = info.image_size;
   auto pixels = reader.read_pixels(unique_images);
-  return normalise_pixels(
-      torch::from_blob(pixels.data(), {ui, 3, size, size}, torch::kUInt8).index_select(0, image_order),
-      info);
+  return normalise_pixels(torch::from_blob(pixels.data(), {ui, 3, size, size}, torch::kUInt8)
+                              .index_select(0, image_order),
+                          info);
 }
 
 // A batch whose images are still to be cut from their sources (off the I/O thread).
 struct SourceBatch {
   QuestionBatch questions;
-  std::vector<SourceImage> sources;      // each distinct image once
+  std::vector<SourceImage> sources;       // each distinct image once
   std::vector<int64_t> source_of_sample;  // index into sources per sample
 };
 
@@ -253,9 +254,9 @@ torch::Tensor crop_images(const SourceBatch& raw, const std::vector<int64_t>& ro
         const SourceImage& source = raw.sources[static_cast<size_t>(raw.source_of_sample[i])];
         util::SplitMix64 rng(augment_crop_seed(job.seed, job.epoch, rows[i]));
         const CropBox box = image_random_crop_box(source.width, source.height, job.ranges, rng);
-        const auto pixels = image_crop_resize_bicubic(source.rgb.data(), source.width,
-                                                      source.height, 3, box, static_cast<int>(size),
-                                                      static_cast<int>(size));
+        const auto pixels =
+            image_crop_resize_bicubic(source.rgb.data(), source.width, source.height, 3, box,
+                                      static_cast<int>(size), static_cast<int>(size));
         for (int64_t c = 0; c < 3; ++c) {
           float* channel = out + (i * 3 + c) * plane;
           for (int64_t p = 0; p < plane; ++p) {
@@ -393,16 +394,16 @@ void ShardedLoader::submit(int64_t step) {
     return;
   }
   // The I/O thread reads the sources; a thread of this batch's own crops them.
-  auto reading = Hdf5IoThread::instance().submit(
-      [reader = reader_, rows, valid = std::move(valid)] {
+  auto reading =
+      Hdf5IoThread::instance().submit([reader = reader_, rows, valid = std::move(valid)] {
         return read_source_batch(*reader, rows, valid);
       });
   const CropJob job{options_.seed, epoch_, options_.crop_ranges, options_.augment_threads};
   if (!crop_gate_) crop_gate_ = std::make_shared<CropGate>();
   in_flight_.push_back(std::async(
-      std::launch::async, [reading = std::move(reading), rows = std::move(rows), job,
-                           reader = reader_, pin, trim, gate = crop_gate_,
-                           ticket = crop_tickets_++]() mutable {
+      std::launch::async,
+      [reading = std::move(reading), rows = std::move(rows), job, reader = reader_, pin, trim,
+       gate = crop_gate_, ticket = crop_tickets_++]() mutable {
         std::exception_ptr failed;
         SourceBatch raw;
         try {

@@ -36,14 +36,12 @@ class MultiHeadAttentionImpl : public torch::nn::Module {
   // checks 1e-5), except for the dropout's random draws.
   static bool fused_attention_available();
   void set_fused_attention(bool fused);
-  bool fused_attention() const { return fused_; }
 
   // One GEMM for the q, k and v projections (k and v in cross-attention)
   // over the three weights concatenated per call. The same function (a test
   // checks 1e-5), the same parameters and names. Off by default: on the CPU
   // (OpenBLAS, one thread) it measured slower than three GEMMs (README).
   void set_packed_projections(bool packed);
-  bool packed_projections() const { return packed_; }
 
  private:
   int64_t heads_;

@@ -91,18 +91,6 @@ int64_t parameter_count(const torch::nn::Module& module) {
   return count;
 }
 
-const char* parameter_group_name(ParameterGroup group) {
-  switch (group) {
-    case ParameterGroup::kEncoder:
-      return "encoder";
-    case ParameterGroup::kFusion:
-      return "fusion";
-    case ParameterGroup::kHead:
-      return "head";
-  }
-  return "unknown";
-}
-
 std::vector<NamedParameter> model_parameter_groups(M3AE& model) {
   std::unordered_set<const void*> no_decay;
   model->apply(torch::nn::Module::ModuleApplyFunction([&](torch::nn::Module& module) {

@@ -63,7 +63,6 @@ int64_t parameter_count(const torch::nn::Module& module);
 // The optimiser's learning-rate groups (M3AE: lr x1 for the encoders, x5 for
 // the fusion, x50 for the head).
 enum class ParameterGroup { kEncoder, kFusion, kHead };
-const char* parameter_group_name(ParameterGroup group);  // "encoder" | "fusion" | "head"
 
 struct NamedParameter {
   std::string name;  // as in model->named_parameters(), e.g. "fusion.text_layers.0.key.weight"

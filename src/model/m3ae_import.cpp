@@ -4,8 +4,6 @@
 #include <cmath>
 #include <cstdio>
 
-#include "model/text.h"  // TextEncoderImpl::position_rows
-
 namespace vqa::model {
 
 namespace {

@@ -88,12 +88,6 @@ void distributed_finalize() {
 
 bool distributed_is_initialized() { return g_initialized.load(); }
 
-bool distributed_is_finalized() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  return finalized != 0;
-}
-
 const RankInfo& distributed_rank_info() { return g_info; }
 
 void distributed_barrier() { VQA_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD)); }

@@ -27,8 +27,6 @@ const RankInfo& distributed_init(int* argc, char*** argv);
 void distributed_finalize();
 
 bool distributed_is_initialized();
-// True once MPI_Finalize has run (for checks that something outlived it).
-bool distributed_is_finalized();
 
 // MPI for the scope of main(): distributed_init in the constructor,
 // distributed_finalize in the destructor. Declared first in main(), it ends

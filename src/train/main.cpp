@@ -30,18 +30,11 @@
 
 using namespace vqa;
 
-int main(int argc, char** argv) {
-  runtime::keep_freed_memory_for_reuse();  // before the first tensor: see system_info.h
-  runtime::mpi_yield_when_idle();          // before MPI_Init: see system_info.h
-  // Declared first, so MPI ends after everything below is destroyed (the
-  // loaders close their file collectively), on every return path.
-  runtime::DistributedSession session(&argc, &argv);
-  const runtime::RankInfo& rank = session.rank_info();
-  // After MPI_Init, whose handlers still take every crash that is not inside HDF5.
-  data::hdf5_crash_report_install("[vqa] error on " + runtime::rank_label() + ": ",
-                                  /*exit_code=*/2);  // as runtime::fatal_user_error
-  runtime::stop_signals_install();
+namespace {
 
+// The job, from the command line to the last epoch; main() runs it inside
+// the MPI session and turns any exception into the job's error line.
+int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
   // ---- configuration ------------------------------------------------------
   train::TrainConfig config;
   if (!train::config_parse(argc, argv, rank.rank, config)) return 0;  // --help
@@ -108,4 +101,28 @@ int main(int argc, char** argv) {
         parts, test_loader, resumed_from.empty() ? initialized_from : "--resume " + resumed_from);
   }
   return train::run_training(parts, train_loader, test_loader, probe, config_ini, state);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  runtime::keep_freed_memory_for_reuse();  // before the first tensor: see system_info.h
+  runtime::mpi_yield_when_idle();          // before MPI_Init: see system_info.h
+  // Declared first, so MPI ends after everything below is destroyed (the
+  // loaders close their file collectively), on every return path.
+  runtime::DistributedSession session(&argc, &argv);
+  // After MPI_Init, whose handlers still take every crash that is not inside HDF5.
+  data::hdf5_crash_report_install("[vqa] error on " + runtime::rank_label() + ": ",
+                                  /*exit_code=*/2);  // as runtime::fatal_user_error
+  runtime::stop_signals_install();
+  // Nothing a user types may end in std::terminate: an exception that
+  // escapes the job is its error line, exit status 2, on every rank (the
+  // abort ends the ranks that did not throw).
+  try {
+    return run_job(session.rank_info(), argc, argv);
+  } catch (const c10::Error& e) {
+    runtime::fatal_user_error(std::string("vqa_train: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    runtime::fatal_user_error(std::string("vqa_train: ") + e.what());
+  }
 }

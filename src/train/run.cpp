@@ -38,6 +38,17 @@ PredictionOptions prediction_options(const TrainConfig& config) {
   return options;
 }
 
+// A diagnostic file (diagnosis, timeline, the best epoch's predictions) that
+// cannot be written costs that file, not the run: a warning in train.log.
+template <typename Write>
+void write_or_warn(RunLog& log, const std::string& what, Write&& write) {
+  try {
+    write();
+  } catch (const std::exception& e) {
+    log.warn("cannot write " + what + " (" + e.what() + "); training goes on without it");
+  }
+}
+
 // Rank 0: the records as a JSON-lines file, written durably.
 void write_predictions(const std::string& path, const std::vector<std::string>& records) {
   std::string text;
@@ -133,7 +144,9 @@ void report_epoch_steps(TrainingParts& parts, int64_t epoch, const EpochStats& s
   if (epoch + 1 == config.epochs) {
     for (auto& line : projection_lines(fabric, rows)) report_lines.push_back(std::move(line));
   }
-  util::write_file_atomically(out_path(config, "diagnosis.json"), report_json.dump(2) + "\n");
+  const std::string diagnosis = out_path(config, "diagnosis.json");
+  write_or_warn(parts.log, diagnosis,
+                [&] { util::write_file_atomically(diagnosis, report_json.dump(2) + "\n"); });
 }
 
 // What the end of a completed epoch does, in order: evaluation when due,
@@ -170,7 +183,8 @@ void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const 
   }
   for (const auto& step_times : stats.step_times) parts.timeline.add_step(step_times);
   if (parts.timeline.active() && parts.timeline.window_passed(state.global_step)) {
-    parts.timeline.write(parts.comm, parts.comm.host());
+    write_or_warn(parts.log, "the timeline " + config.timeline,
+                  [&] { parts.timeline.write(parts.comm, parts.comm.host()); });
   }
   parts.log.epoch(epoch, stats, evaluate_now ? &eval_stats : nullptr, best,
                   report_json.is_null() ? nullptr : &report_json);
@@ -179,7 +193,9 @@ void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const 
     require_finite_weights(parts.model, "checkpoints of epoch " + std::to_string(epoch));
     if (best) {
       checkpoint_save_best(config.out, parts.model, state);
-      write_predictions(out_path(config, "predictions_best.jsonl"), eval_stats.predictions);
+      const std::string predictions = out_path(config, "predictions_best.jsonl");
+      write_or_warn(parts.log, predictions,
+                    [&] { write_predictions(predictions, eval_stats.predictions); });
     }
     if (config.save_every > 0 &&
         ((epoch + 1) % config.save_every == 0 || epoch + 1 == config.epochs)) {
@@ -288,7 +304,9 @@ int run_training(TrainingParts& parts, data::ShardedLoader& train_loader,
       return stop_with_checkpoint(parts, stats.stop_signal, config_ini, state);
     finish_epoch(parts, test_loader, stats, sync_before, probe, config_ini, state);
   }
-  parts.timeline.write(parts.comm, parts.comm.host());  // when the run ended before the window did
+  // When the run ended before the window did.
+  write_or_warn(parts.log, "the timeline " + parts.config.timeline,
+                [&] { parts.timeline.write(parts.comm, parts.comm.host()); });
   export_m3ae_if_asked(parts);
   finish_run(parts, state);
   return 0;

@@ -8,6 +8,14 @@ namespace po = boost::program_options;
 
 namespace vqa::util {
 
+std::string Range::describe() const {
+  const auto bound = [](double value) {
+    if (value >= 1e18) return std::string("inf");
+    return option_text(value);
+  };
+  return "in " + std::string(low_open ? "(" : "[") + bound(low) + ", " + bound(high) + "]";
+}
+
 OptionTable::OptionTable(const std::string& caption) : description_(caption) {
   description_.add_options()("help,h", "print this help and exit");
 }
@@ -23,6 +31,25 @@ OptionTable& OptionTable::add_list(const char* name, std::vector<std::string>* f
     return text;
   });
   return *this;
+}
+
+OptionTable& OptionTable::add_choice(const char* name, std::string* field, const char* help,
+                                     std::vector<std::string> choices) {
+  std::string listed;
+  for (const auto& choice : choices) listed += (listed.empty() ? "" : " | ") + choice;
+  const std::string text = std::string(help) + " [" + listed + "]";
+  description_.add_options()(name, po::value(field)->default_value(*field, *field), text.c_str());
+  remember(name, [field] { return *field; });
+  check(name, [field, choices, listed]() -> std::string {
+    if (std::find(choices.begin(), choices.end(), *field) != choices.end()) return "";
+    return "must be one of " + listed + ", got '" + *field + "'";
+  });
+  return *this;
+}
+
+void OptionTable::check(const char* name, std::function<std::string()> problem) {
+  std::string long_name(name);
+  checks_.emplace_back(long_name.substr(0, long_name.find(',')), std::move(problem));
 }
 
 OptionTable& OptionTable::positional(const char* name, int count) {
@@ -69,6 +96,10 @@ bool OptionTable::parse(const std::vector<std::string>& arguments) {
     po::notify(values);
   } catch (const po::error& e) {
     throw OptionError(e.what());
+  }
+  for (const auto& [name, problem] : checks_) {
+    const std::string text = problem();
+    if (!text.empty()) throw OptionError("--" + name + " " + text);
   }
   return true;
 }

@@ -7,6 +7,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <stdexcept>
@@ -36,6 +37,14 @@ std::string option_text(Integer value) {
   return std::to_string(value);
 }
 
+// The values a numeric option accepts: low <= value <= high (low < value
+// when low_open); NaN never. OptionTable::parse checks them.
+struct Range {
+  double low, high;
+  bool low_open = false;
+  std::string describe() const;  // "in [0, 1]", "in (0, 10]"
+};
+
 class OptionTable {
  public:
   // `caption` heads the --help listing ("vqa_train options").
@@ -53,6 +62,27 @@ class OptionTable {
     remember(name, [field] { return option_text(*field); });
     return *this;
   }
+  // A numeric option with the range of values it accepts (help shows it).
+  template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
+  OptionTable& add(const char* name, T* field, const char* help, Range range) {
+    const std::string text = std::string(help) + " [" + range.describe() + "]";
+    auto* semantic =
+        boost::program_options::value(field)->default_value(*field, option_text(*field));
+    description_.add_options()(name, semantic, text.c_str());
+    remember(name, [field] { return option_text(*field); });
+    check(name, [field, range]() -> std::string {
+      const auto value = static_cast<double>(*field);
+      const bool above_low = range.low_open ? value > range.low : value >= range.low;
+      if (std::isnan(value) || !above_low || !(value <= range.high)) {
+        return "must be " + range.describe() + ", got " + option_text(*field);
+      }
+      return "";
+    });
+    return *this;
+  }
+  // A text option that takes one of `choices` (help lists them).
+  OptionTable& add_choice(const char* name, std::string* field, const char* help,
+                          std::vector<std::string> choices);
   // An option that must be given.
   template <typename T>
   OptionTable& add_required(const char* name, T* field, const char* help) {
@@ -73,7 +103,8 @@ class OptionTable {
   OptionTable& not_saved(const char* name);
 
   // Parses and fills the fields. Returns false, filling nothing, when --help
-  // or -h is among the arguments (print_help then). Throws OptionError.
+  // or -h is among the arguments (print_help then). Throws OptionError, also
+  // for a value outside its Range or choices ("--lr nan: must be ...").
   bool parse(const std::vector<std::string>& arguments);
   bool parse(int argc, char** argv);  // argv[0] is the program
 
@@ -83,6 +114,9 @@ class OptionTable {
 
  private:
   void remember(const char* name, std::function<std::string()> printer);
+  // After parsing: `problem` returns "" when option `name`'s value is fine,
+  // else what is wrong with it.
+  void check(const char* name, std::function<std::string()> problem);
 
   boost::program_options::options_description description_;
   boost::program_options::positional_options_description positional_;
@@ -90,6 +124,7 @@ class OptionTable {
   std::string config_option_;
   std::vector<std::pair<std::string, std::function<std::string()>>> printers_;
   std::vector<std::string> not_saved_;
+  std::vector<std::pair<std::string, std::function<std::string()>>> checks_;
 };
 
 }  // namespace vqa::util

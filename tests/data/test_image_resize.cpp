@@ -15,10 +15,10 @@
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
-#include "convert_images.h"   // image_load_square
+#include "convert_images.h"       // image_load_square
 #include "data/image_resample.h"  // image_plan_square
-#include "process.h"          // run_process, make_temp_dir
-#include "util/splitmix64.h"  // SplitMix64
+#include "process.h"              // run_process, make_temp_dir
+#include "util/splitmix64.h"      // SplitMix64
 
 namespace {
 
@@ -217,11 +217,11 @@ TEST(RandomResizedCrop, CropAndResizeMatchPillowBitForBit) {
     int width, height;
     vqa::data::CropBox box;
   };
-  const std::vector<Case> cases = {
-      {500, 400, {0, 0, 500, 400}},   {500, 400, {12, 7, 471, 385}}, {640, 480, {40, 0, 600, 480}},
-      {384, 384, {3, 9, 370, 360}},   {300, 200, {0, 20, 210, 180}}, {1024, 768, {99, 31, 917, 733}},
-      {401, 1000, {0, 0, 401, 535}},  {512, 512, {500, 0, 12, 512}}, {300, 200, {250, 150, 50, 50}},
-      {720, 540, {1, 1, 718, 538}}};
+  const std::vector<Case> cases = {{500, 400, {0, 0, 500, 400}},   {500, 400, {12, 7, 471, 385}},
+                                   {640, 480, {40, 0, 600, 480}},  {384, 384, {3, 9, 370, 360}},
+                                   {300, 200, {0, 20, 210, 180}},  {1024, 768, {99, 31, 917, 733}},
+                                   {401, 1000, {0, 0, 401, 535}},  {512, 512, {500, 0, 12, 512}},
+                                   {300, 200, {250, 150, 50, 50}}, {720, 540, {1, 1, 718, 538}}};
   const int size = 384;
   std::string arguments;
   std::vector<std::string> files;
@@ -234,8 +234,8 @@ TEST(RandomResizedCrop, CropAndResizeMatchPillowBitForBit) {
                  " " + std::to_string(c.box.width) + " " + std::to_string(c.box.height);
   }
   const std::string reference = std::string(VQA_TEST_DATA_DIR) + "/pil_reference_crop.py";
-  const auto result =
-      run_process(python + " " + reference + " " + std::to_string(size) + " " + dir + arguments, 300);
+  const auto result = run_process(
+      python + " " + reference + " " + std::to_string(size) + " " + dir + arguments, 300);
   ASSERT_EQ(result.exit_code, 0) << result.output;
   int64_t values = 0, differing = 0;
   int worst = 0;
@@ -245,8 +245,8 @@ TEST(RandomResizedCrop, CropAndResizeMatchPillowBitForBit) {
     cv::Mat bgr = cv::imread(files[i], cv::IMREAD_COLOR);
     cv::Mat rgb;
     cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
-    const auto ours = vqa::data::image_crop_resize_bicubic(rgb.data, rgb.cols, rgb.rows, 3, box,
-                                                           size, size);
+    const auto ours =
+        vqa::data::image_crop_resize_bicubic(rgb.data, rgb.cols, rgb.rows, 3, box, size, size);
     const std::string name = files[i] + "." + std::to_string(box.left) + "_" +
                              std::to_string(box.top) + "_" + std::to_string(box.width) + "_" +
                              std::to_string(box.height) + ".png";
@@ -281,8 +281,8 @@ TEST(RandomResizedCrop, BoxesFollowTorchvisionsRules) {
   struct Shape {
     int width, height;
   };
-  for (const Shape shape : {Shape{500, 400}, Shape{384, 384}, Shape{1024, 768}, Shape{600, 700},
-                            Shape{37, 29}}) {
+  for (const Shape shape :
+       {Shape{500, 400}, Shape{384, 384}, Shape{1024, 768}, Shape{600, 700}, Shape{37, 29}}) {
     SCOPED_TRACE(std::to_string(shape.width) + "x" + std::to_string(shape.height));
     const double area = double{1} * shape.width * shape.height;
     double scale_sum = 0.0, log_ratio_sum = 0.0, scale_min = 2.0, scale_max = 0.0;
@@ -291,8 +291,8 @@ TEST(RandomResizedCrop, BoxesFollowTorchvisionsRules) {
     const int draws = 20000;
     for (int i = 0; i < draws; ++i) {
       bool fell_back = false;
-      const auto box = vqa::data::image_random_crop_box(shape.width, shape.height, ranges, rng,
-                                                        &fell_back);
+      const auto box =
+          vqa::data::image_random_crop_box(shape.width, shape.height, ranges, rng, &fell_back);
       ASSERT_GE(box.left, 0);
       ASSERT_GE(box.top, 0);
       ASSERT_GE(box.width, 1);
@@ -322,10 +322,11 @@ TEST(RandomResizedCrop, BoxesFollowTorchvisionsRules) {
       log_ratio_max = std::max(log_ratio_max, log_ratio);
     }
     const int taken = draws - fallbacks;
-    std::printf("%dx%d: %d fallbacks; area fraction %.4f..%.4f mean %.4f; log aspect %.3f..%.3f "
-                "mean %.4f\n",
-                shape.width, shape.height, fallbacks, scale_min, scale_max, scale_sum / taken,
-                log_ratio_min, log_ratio_max, log_ratio_sum / taken);
+    std::printf(
+        "%dx%d: %d fallbacks; area fraction %.4f..%.4f mean %.4f; log aspect %.3f..%.3f "
+        "mean %.4f\n",
+        shape.width, shape.height, fallbacks, scale_min, scale_max, scale_sum / taken,
+        log_ratio_min, log_ratio_max, log_ratio_sum / taken);
     if (shape.width >= 100) {
       EXPECT_LT(scale_min, 0.905) << "areas down to 90%";
       EXPECT_GT(scale_max, 0.995) << "and up to the whole image";

@@ -306,7 +306,8 @@ TEST(Loader, FeaturesRoundTripInFloat16) {
 // test_image_resize.cpp. A file without sources is refused.
 TEST(Loader, RandomResizedCropIsTheSamplesOwnOnAnyRankCount) {
   constexpr int64_t kSize = 16, kQuestions = 23;
-  const std::vector<std::pair<int, int>> shapes = {{40, 30}, {30, 50}, {64, 64}, {17, 23}, {16, 16}};
+  const std::vector<std::pair<int, int>> shapes = {
+      {40, 30}, {30, 50}, {64, 64}, {17, 23}, {16, 16}};
   auto source_of = [&](size_t image) {
     vqa::data::SourceImage source;
     source.width = shapes[image].first;
@@ -360,10 +361,10 @@ TEST(Loader, RandomResizedCropIsTheSamplesOwnOnAnyRankCount) {
         const int64_t row = batch.question_ids[i].item<int64_t>() - 100;
         const auto source = source_of(static_cast<size_t>(row % 5));
         vqa::util::SplitMix64 rng(vqa::data::augment_crop_seed(options.seed, epoch, row));
-        const auto box = vqa::data::image_random_crop_box(source.width, source.height,
-                                                          options.crop_ranges, rng);
+        const auto box =
+            vqa::data::image_random_crop_box(source.width, source.height, options.crop_ranges, rng);
         auto want = vqa::data::image_crop_resize_bicubic(source.rgb.data(), source.width,
-                                                          source.height, 3, box, kSize, kSize);
+                                                         source.height, 3, box, kSize, kSize);
         const auto reference =
             torch::from_blob(want.data(), {kSize, kSize, 3}, torch::kUInt8).permute({2, 0, 1});
         // Undo the normalisation and round: the uint8 crop comes back exactly.

@@ -254,8 +254,8 @@ TEST(Prep, ConvertKeepsTheTrainSplitsSourceImages) {
   EXPECT_EQ(sources[0].width, 40);  // the fixture's sizes: not square, not the stored 24
   EXPECT_EQ(sources[2].height, 48);
 
-  const auto refused = run_process(
-      fixture.command("--keep-source-images --features " + fixture.dir + "/f.h5"), 60);
+  const auto refused =
+      run_process(fixture.command("--keep-source-images --features " + fixture.dir + "/f.h5"), 60);
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_NE(refused.output.find("--keep-source-images stores the decoded images; --features"),
             std::string::npos)
@@ -268,8 +268,8 @@ void damage_file(const std::string& path, const std::string& what) {
   vqa::data::Hdf5Id file(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
   ASSERT_TRUE(file.valid());
   // Writes `value` at the element `coordinates` (one per dimension) of a dataset.
-  auto write_one = [&](const char* name, const std::vector<hsize_t>& coordinates,
-                       hid_t memory_type, const void* value) {
+  auto write_one = [&](const char* name, const std::vector<hsize_t>& coordinates, hid_t memory_type,
+                       const void* value) {
     vqa::data::Hdf5Id dataset(H5Dopen2(file.get(), name, H5P_DEFAULT));
     vqa::data::Hdf5Id space(H5Dget_space(dataset.get()));
     ASSERT_GE(H5Sselect_elements(space.get(), H5S_SELECT_SET, 1, coordinates.data()), 0);

@@ -45,8 +45,8 @@ class TrainingRuns : public ::testing::Test {
     const std::string out = directory_ + "/" + name;
     const auto result = vqa::testing::run_process(
         vqa::testing::mpirun_prefix(ranks) + VQA_TRAIN + " --train-data " +
-            (dataset.empty() ? dataset_ : dataset) + " --out " +
-            out + " --threads 1 --progress off --lr 1e-3 --seed 3 " + flags,
+            (dataset.empty() ? dataset_ : dataset) + " --out " + out +
+            " --threads 1 --progress off --lr 1e-3 --seed 3 " + flags,
         600);
     EXPECT_EQ(result.exit_code, 0) << result.output;
     expect_shutdown_in_order(result.output);
@@ -159,13 +159,13 @@ TEST_F(TrainingRuns, AugmentedRunsMatchAcrossRankCountsAndResumeExactly) {
       << last_output_;
   const auto one = load_model(
       train("aug1", 1, common + augment + "--batch-per-rank 16", augmented_dataset_) + checkpoint);
-  const auto plain =
-      load_model(train("aug1plain", 1, common + "--batch-per-rank 16", augmented_dataset_) +
-                 checkpoint);
+  const auto plain = load_model(
+      train("aug1plain", 1, common + "--batch-per-rank 16", augmented_dataset_) + checkpoint);
   const double two_vs_one = max_relative_difference(two, one);
   const double crop_effect = max_relative_difference(one, plain);
-  std::printf("max relative difference with the crop: 2 ranks vs 1 rank %.3g; with vs without %.3g\n",
-              two_vs_one, crop_effect);
+  std::printf(
+      "max relative difference with the crop: 2 ranks vs 1 rank %.3g; with vs without %.3g\n",
+      two_vs_one, crop_effect);
   EXPECT_LT(two_vs_one, 1e-5);
   EXPECT_GT(crop_effect, 1e-4);
 
@@ -173,8 +173,7 @@ TEST_F(TrainingRuns, AugmentedRunsMatchAcrossRankCountsAndResumeExactly) {
       " --epochs 3 --max-steps-per-epoch 6 --global-batch 16 --batch-per-rank 8 " + augment;
   const auto straight = train("aug-straight", 2, resume_common, augmented_dataset_);
   const auto resumed =
-      train("aug-resumed", 2,
-            resume_common + "--resume " + straight + "/checkpoints/epoch-0001.pt",
+      train("aug-resumed", 2, resume_common + "--resume " + straight + "/checkpoints/epoch-0001.pt",
             augmented_dataset_);
   EXPECT_NE(last_output_.find("resumed from"), std::string::npos) << last_output_;
   const auto expected = metrics(straight);
