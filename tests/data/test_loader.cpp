@@ -60,6 +60,17 @@ const std::string& synth_path() {
   return path;
 }
 
+// The header of the hand-written files below: answers yes/no, the word
+// tokenizer's three specials and one word, questions of 4 tokens.
+vqa::prep::FileHeader two_answer_header() {
+  vqa::prep::FileHeader header;
+  header.answer_labels = {"yes", "no"};
+  header.token_vocabulary = {"<pad>", "<unk>", "<cls>", "word"};
+  header.question_types = {"t"};
+  header.max_question_length = 4;
+  return header;
+}
+
 LoaderOptions options_for(int64_t batch, bool drop_last, int depth) {
   const auto& info = vqa::runtime::distributed_rank_info();
   LoaderOptions options;
@@ -255,12 +266,8 @@ TEST(Loader, FeaturesRoundTripInFloat16) {
     return 0.25f * ((image * 7 + element) % 31) - 3.0f;
   };
   const std::string path = shared_file("features.h5", [&](const std::string& p) {
-    vqa::prep::FileHeader header;
+    vqa::prep::FileHeader header = two_answer_header();
     header.features = true;
-    header.answer_labels = {"yes", "no"};
-    header.token_vocabulary = {"<pad>", "<unk>", "<cls>", "word"};
-    header.question_types = {"t"};
-    header.max_question_length = 4;
     vqa::prep::DatasetWriter writer(p);
     writer.begin_split("train", 0, kTokens, kDim, /*half_precision=*/true);
     std::vector<std::string> names;
@@ -318,12 +325,8 @@ TEST(Loader, RandomResizedCropIsTheSamplesOwnOnAnyRankCount) {
     return source;
   };
   const std::string path = shared_file("sources.h5", [&](const std::string& p) {
-    vqa::prep::FileHeader header;
+    vqa::prep::FileHeader header = two_answer_header();
     header.image_size = kSize;
-    header.answer_labels = {"yes", "no"};
-    header.token_vocabulary = {"<pad>", "<unk>", "<cls>", "word"};
-    header.question_types = {"t"};
-    header.max_question_length = 4;
     vqa::prep::DatasetWriter writer(p);
     writer.begin_split("train", kSize);
     std::vector<std::string> names;

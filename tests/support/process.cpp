@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "process.h"
 
@@ -65,10 +66,34 @@ std::string mpirun_prefix(int ranks) {
          " --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 ";
 }
 
+namespace {
+
+// The folders make_temp_dir made, removed when the test program exits (by
+// the process that made them, not by a forked child that exits).
+struct TempDirs {
+  std::vector<std::string> paths;
+  pid_t owner = getpid();
+  ~TempDirs() {
+    if (getpid() != owner) return;
+    for (const auto& path : paths) {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  }
+};
+
+TempDirs& temp_dirs() {
+  static TempDirs dirs;
+  return dirs;
+}
+
+}  // namespace
+
 std::string make_temp_dir(const std::string& tag) {
   std::string pattern =
       (std::filesystem::temp_directory_path() / ("vqa-" + tag + "-XXXXXX")).string();
   if (mkdtemp(pattern.data()) == nullptr) return {};
+  temp_dirs().paths.push_back(pattern);
   return pattern;
 }
 

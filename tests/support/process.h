@@ -21,7 +21,8 @@ ProcessResult run_process(const std::string& command, double timeout_seconds);
 // mpirun as the tests start it (root-safe, oversubscribed), ending with a space.
 std::string mpirun_prefix(int ranks);
 
-// A fresh empty directory under the system's temporary folder.
+// A fresh empty directory under the system's temporary folder, removed with
+// its contents when the test program exits.
 std::string make_temp_dir(const std::string& tag);
 
 // Whether `text` holds `part` (for process output).
