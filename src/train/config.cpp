@@ -223,20 +223,27 @@ void require_writable_directory(const std::string& option, const std::string& pa
   }
 }
 
-// A file rank 0 writes during or after the run (--timeline, --predictions):
-// its directory must exist (or be creatable) and be writable, and the path
-// must not be a directory.
-void require_writable_file(const std::string& option, const std::string& path) {
+// A file rank 0 writes during or after the run, checked now without
+// creating anything: the path is not a directory, and its folder is
+// writable; with parents_made_later (--timeline, --predictions, which make
+// their folders when they write) a missing folder is fine when the nearest
+// existing one above it is writable.
+void require_writable_file(const std::string& option, const std::string& path,
+                           bool parents_made_later) {
   if (runtime::distributed_rank_info().rank != 0) return;
   const std::filesystem::path file(path);
-  const std::filesystem::path parent = file.parent_path().empty() ? "." : file.parent_path();
   std::error_code error;
-  std::filesystem::create_directories(parent, error);
   if (std::filesystem::is_directory(file, error)) {
     runtime::fatal_user_error(option + " " + path + ": is a directory, not a file");
   }
-  if (!writable_directory(parent)) {
-    runtime::fatal_user_error(option + " " + path + ": cannot write there (" + parent.string() +
+  const std::filesystem::path parent = file.parent_path().empty() ? "." : file.parent_path();
+  std::filesystem::path existing = parent;
+  while (parents_made_later && !std::filesystem::exists(existing, error) && existing != "." &&
+         existing != existing.root_path()) {
+    existing = existing.has_parent_path() ? existing.parent_path() : ".";
+  }
+  if (!writable_directory(existing)) {
+    runtime::fatal_user_error(option + " " + path + ": cannot write there (" + existing.string() +
                               " is not a writable directory)");
   }
 }
@@ -250,7 +257,7 @@ void require_writable_safetensors_path(const std::string& option, const std::str
     runtime::fatal_user_error(option + " " + path +
                               ": the name must end in .safetensors (what --init-from reads back)");
   }
-  require_writable_file(option, path);
+  require_writable_file(option, path, /*parents_made_later=*/false);
 }
 
 }  // namespace
@@ -321,8 +328,8 @@ void config_finalize(TrainConfig& c, int world_size) {
         "<out>/predictions_best.jsonl themselves)");
   }
   // Paths the run writes: refused now, not at the first write hours later.
-  if (!c.timeline.empty()) require_writable_file("--timeline", c.timeline);
-  if (!c.predictions.empty()) require_writable_file("--predictions", c.predictions);
+  if (!c.timeline.empty()) require_writable_file("--timeline", c.timeline, true);
+  if (!c.predictions.empty()) require_writable_file("--predictions", c.predictions, true);
   if (!c.export_m3ae.empty()) require_writable_safetensors_path("--export-m3ae", c.export_m3ae);
   require_writable_directory("--out", c.out);  // last: a refused run leaves no folder behind
 }
