@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "bpe_corpus.h"           // kWhitespaceQuestions
 #include "data/dataset_reader.h"  // DatasetReader
@@ -202,9 +202,10 @@ TEST(Prep, RobertaReadsEachQuestionAsTheJsonHasIt) {
       EXPECT_EQ(record.question_text.find_first_of("\t\n\r"), std::string::npos);
     }
   }
-  std::printf("RoBERTa on raw questions: %d of %d stored questions have gpt-3-encoder's ids "
-              "(%d of them differ from the collapsed text's)\n",
-              matched, stored, differ);
+  std::printf(
+      "RoBERTa on raw questions: %d of %d stored questions have gpt-3-encoder's ids "
+      "(%d of them differ from the collapsed text's)\n",
+      matched, stored, differ);
   EXPECT_EQ(matched, static_cast<int>(questions.size()));
 }
 
@@ -263,7 +264,8 @@ TEST(PrepBadInput, TokenizerAndNormalizeOptionsAndFiles) {
        "--tokenizer must be one of word | roberta, got 'bert'"},
       {"files with word", "--vocab-json " + tiny.vocab_json + " --merges-txt " + tiny.merges_txt, 2,
        "--vocab-json and --merges-txt are read by --tokenizer roberta only"},
-      {"unknown normalize", "--normalize imagenet", 2, "--normalize must be one of dataset | clip, got 'imagenet'"},
+      {"unknown normalize", "--normalize imagenet", 2,
+       "--normalize must be one of dataset | clip, got 'imagenet'"},
       {"missing vocab file",
        roberta + "--vocab-json " + fixture.dir + "/none.json --merges-txt " + tiny.merges_txt, 1,
        fixture.dir + "/none.json: no such file (--vocab-json)"},
