@@ -8,7 +8,7 @@
 #   .gpu-check/*.h5     the synthetic datasets of the check, made here with
 #                       build/vqa_prep (whose OpenCV needs GDAL at run time,
 #                       which the bundle does not carry)
-# .gpu-check/ is listed in .git/info/exclude, so it travels only when asked
+# .gpu-check/ is listed in git's info/exclude, so it travels only when asked
 # for (the device tool's `carry`).
 #
 #   tests/gpu/make_bundle.sh [BUILD_DIR]
@@ -16,7 +16,12 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
 bundle=.gpu-check
-grep -qxF "/$bundle/" .git/info/exclude 2>/dev/null || echo "/$bundle/" >>.git/info/exclude
+# A clone need not have .git/info (git clone --template= makes none); outside
+# a git checkout there is nothing to exclude from.
+if exclude=$(git rev-parse --git-path info/exclude 2>/dev/null); then
+  mkdir -p "$(dirname "$exclude")"
+  grep -qxF "/$bundle/" "$exclude" 2>/dev/null || echo "/$bundle/" >>"$exclude"
+fi
 rm -rf "$bundle"
 mkdir -p "$bundle/debs"
 
