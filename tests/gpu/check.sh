@@ -26,12 +26,13 @@
 #   bash tests/gpu/check.sh
 #
 # Settings (environment): VQA_GPU_PEAK_TFLOPS (default 989, an H100/H200's
-# dense bf16), VQA_GPU_EPOCHS (default 3: the last is timed, the first warms
-# up; the bundle's 128 questions make 4 optimiser steps of 2 x 16 per
-# epoch), VQA_GPU_BATCH (per micro-step, default 16), VQA_GPU_STEPS
+# dense bf16), VQA_GPU_EPOCHS (default 4: the first warms up, the median of
+# the others is quoted; the bundle's 512 questions make 16 optimiser steps of
+# 2 x 16 per epoch), VQA_GPU_BATCH (per micro-step, default 16), VQA_GPU_STEPS
 # (optimiser steps per epoch, default 0: all), VQA_GPU_PRESET
 # (default base), VQA_GPU_UNTIL (the last stage to run: prefix, preflight,
-# build, communicator or train, the default), TORCH_DIR (LibTorch's CMake folder; default: the one of
+# build, communicator, sweep or train, the default), VQA_GPU_SWEEP (stage sweep,
+# below), TORCH_DIR (LibTorch's CMake folder; default: the one of
 # python3's torch), VQA_GPU_WORK (default .gpu-check/work: the prefix and
 # the build; a second call reuses the build), VQA_GPU_DEVICE=cpu (a dry run
 # of the route on a machine without a GPU: stage 3 trains on the CPU; use a
@@ -45,7 +46,7 @@ mkdir -p "$out"
 work=${VQA_GPU_WORK:-$bundle/work}
 mkdir -p "$work"
 device=${VQA_GPU_DEVICE:-cuda}
-epochs=${VQA_GPU_EPOCHS:-3}
+epochs=${VQA_GPU_EPOCHS:-4}
 batch=${VQA_GPU_BATCH:-16}
 preset=${VQA_GPU_PRESET:-base}
 peak_tflops=${VQA_GPU_PEAK_TFLOPS:-989}
@@ -56,8 +57,8 @@ die() { say "FAILED: $*"; exit 1; }
 stage_start=0
 stage() { stage_start=$(date +%s); stage_name=$1; }
 until_stage=${VQA_GPU_UNTIL:-train}
-case $until_stage in prefix | preflight | build | communicator | train) ;; *)
-  echo "gpu-check: VQA_GPU_UNTIL must be prefix, preflight, build, communicator or train, got '$until_stage'" >&2
+case $until_stage in prefix | preflight | build | communicator | sweep | train) ;; *)
+  echo "gpu-check: VQA_GPU_UNTIL must be prefix, preflight, build, communicator, sweep or train, got '$until_stage'" >&2
   exit 2 ;;
 esac
 stage_done() {
@@ -187,6 +188,30 @@ if [[ $device == cuda ]]; then
 fi
 stage_done
 
+# ---- sweep (optional): samples/s of the preset by precision and batch -----------
+# VQA_GPU_SWEEP="bf16:16 bf16:64 fp32:16 bf16:16:--packed-attention": each
+# entry (precision:batch per step[:one more flag]) trains 3 epochs, no
+# evaluation, no checkpoint; the median samples/s of the last two and the step
+# phases are printed. Whether samples/s grows with the batch tells a
+# launch-bound step (the host queues kernels slower than the GPU runs them)
+# from a compute-bound one.
+if [[ -n ${VQA_GPU_SWEEP:-} ]]; then
+  stage sweep
+  for entry in $VQA_GPU_SWEEP; do
+    IFS=: read -r sweep_precision sweep_batch sweep_flag <<<"$entry"
+    sweep_log=$out/sweep_${sweep_precision}_${sweep_batch}.log
+    rm -rf "$work/run-sweep"
+    # shellcheck disable=SC2086 # the optional flag is one word or none
+    mpirun -np 1 "$work/build/vqa_train" --train-data "$bundle/synth384.h5" --preset "$preset" \
+      --device "$device" --global-batch "$sweep_batch" --batch-per-rank "$sweep_batch" --progress off \
+      --precision "$sweep_precision" --epochs 3 --save-every 0 --eval-every 0 \
+      --max-steps-per-epoch "${VQA_GPU_STEPS:-0}" --out "$work/run-sweep" ${sweep_flag:-} \
+      >>"$sweep_log" 2>&1 || { tail -n 20 "$sweep_log"; die "sweep entry $entry"; }
+    say "  $entry: $("$python" -c 'import json, sys; r = sorted(json.loads(l)["samples_per_second"] for l in open(sys.argv[1]).readlines()[1:]); print("%.1f samples/s" % r[len(r) // 2])' "$work/run-sweep/metrics.jsonl");$(grep '^  step ' "$sweep_log" | tail -n 1)"
+  done
+  stage_done
+fi
+
 # ---- 3. a short bf16 training run of the base preset ------------------------------
 stage train
 memory_log=$out/gpu_memory.csv
@@ -204,7 +229,7 @@ train_flags=("${common_flags[@]}" --out "$work/run" --eval-every 1 --save-every 
 rm -rf "$work/run" "$work/run-fp16"
 mpirun -np 1 "$work/build/vqa_train" "${train_flags[@]}" --precision "$precision" \
   --epochs "$epochs" >"$out/train.log" 2>&1 || { tail -n 30 "$out/train.log"; die "training run"; }
-cp "$work/run/metrics.jsonl" "$out/metrics.jsonl"  # its last epoch is the timed one
+cp "$work/run/metrics.jsonl" "$out/metrics.jsonl"
 # One more epoch from the last checkpoint.
 mpirun -np 1 "$work/build/vqa_train" "${train_flags[@]}" --precision "$precision" \
   --epochs $((epochs + 1)) --resume auto >"$out/train_resume.log" 2>&1 ||
@@ -225,7 +250,8 @@ say "  fp16: $("$python" -c 'import json, sys; r = json.loads(open(sys.argv[1]).
 "$python" - "$out/metrics.jsonl" "$out/train.log" "${memory_log:-}" "$peak_tflops" <<'PY' | tee -a "$summary"
 import json, re, sys
 metrics, log, memory, peak = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-last = [json.loads(line) for line in open(metrics)][-1]  # the last epoch; the first warmed up
+epochs = [json.loads(line) for line in open(metrics)]
+timed = sorted(e["samples_per_second"] for e in epochs[1:] or epochs)  # the first warmed up
 sizes = dict(re.findall(r"(\w+)=(\S+)", next(l for l in open(log) if l.startswith("model:"))))
 h, ffn, p, s = (int(sizes[k]) for k in ("hidden", "ffn", "patch_size", "image_size"))
 tv = (s // p) ** 2 + 1              # image tokens, class token included
@@ -236,9 +262,10 @@ text = int(sizes["text_layers"]) * layer(tt)
 cross = lambda a, b: layer(a) + 2 * (2 * a * h * h + 2 * b * h * h) + 4 * a * b * h
 fusion = int(sizes["fusion_layers"]) * (cross(tt, tv) + cross(tv, tt)) + 2 * (tt + tv) * h * h
 forward = vision + text + fusion
-rate = last["samples_per_second"]
+rate = timed[len(timed) // 2]
 mfu = 3 * forward * rate / (peak * 1e12)
-print(f"gpu-check:   samples/s {rate:.1f}; model FLOPs {3 * forward / 1e9:.1f} G per sample "
+print(f"gpu-check:   samples/s {rate:.1f} (median of {len(timed)} epochs after the first; "
+      f"{', '.join(f'{r:.1f}' for r in timed)}); model FLOPs {3 * forward / 1e9:.1f} G per sample "
       f"(forward x3); utilisation {100 * mfu:.1f}% of {peak:.0f} TFLOP/s")
 if memory:
     try:

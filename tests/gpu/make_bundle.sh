@@ -29,8 +29,10 @@ mkdir -p "$bundle/debs"
 # Ubuntu-based CUDA image lacks: parallel HDF5 links libcurl and libcrypto
 # (libssl3), Open MPI's UCX and OFI components libnuma and the verbs
 # providers (libefa, libmlx5), zlib1g-dev's libz.so points at zlib1g's library, CMake's
-# FindPkgConfig needs a pkg-config program. check.sh's preflight lists any
-# library still "not found".
+# FindPkgConfig needs a pkg-config program, libcurl needs LDAP (with SASL and
+# GnuTLS) and libunistring (an H200 machine's image had none of them; its
+# compiler and Python bring libgmp and libffi, which GnuTLS and p11-kit use).
+# check.sh's preflight lists any library still "not found".
 packages=(
   libopenmpi3 libopenmpi-dev openmpi-bin openmpi-common libhwloc15 libhwloc-dev
   libevent-2.1-7 libevent-core-2.1-7 libevent-pthreads-2.1-7 libevent-dev
@@ -44,12 +46,14 @@ packages=(
   libopencv-imgcodecs-dev libopencv-imgcodecs406 libtbb12
   libcurl4 libssl3 zlib1g libnghttp2-14 libpsl5 librtmp1 libssh2-1 libbrotli1
   pkg-config pkgconf pkgconf-bin libpkgconf3
+  libldap-2.5-0 libsasl2-2 libsasl2-modules-db libdb5.3 libgnutls30 libhogweed6 libnettle8
+  libp11-kit0 libtasn1-6 libidn2-0 libunistring2
 )
 (cd "$bundle/debs" && apt-get download "${packages[@]}" >/dev/null)
 
-# The datasets: the tiny set of the communicator tests' neighbours and the
-# for a few batches of 16.
-# 32 images (14 MB): the bundle must stay under the device tool's 64 MiB.
-"$build/vqa_prep" synth --train-questions 128 --test-questions 16 --image-size 384 \
-  --questions-per-image 4 -o "$bundle/synth384.h5" >/dev/null
+# The training stage's dataset: 512 questions on 32 images of 384 px (14 MB;
+# the bundle must stay under the device tool's 64 MiB), 16 optimiser steps of
+# 2 x 16 per epoch, enough for a steady samples/s on a fast GPU.
+"$build/vqa_prep" synth --train-questions 512 --test-questions 32 --image-size 384 \
+  --questions-per-image 16 -o "$bundle/synth384.h5" >/dev/null
 du -sh "$bundle" | sed 's/^/make_bundle.sh: /'
