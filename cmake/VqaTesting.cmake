@@ -49,3 +49,29 @@ function(vqa_add_job_test_executable target source)
     ${T_DEFINITIONS})
   add_dependencies(${target} vqa_prep vqa_train ${T_DEPENDS})
 endfunction()
+
+# vqa_add_script_test(NAME <name> SCRIPT <file.sh> [ARGS ...] [TIMEOUT s] [LABELS ...]
+#                     [PROCESSORS n] [RESOURCE_LOCK lock] [SKIP_RETURN_CODE code])
+# A bash test script from the calling folder, given the source and build
+# folders first (then ARGS), one thread per process like every other test.
+function(vqa_add_script_test)
+  cmake_parse_arguments(T "" "NAME;SCRIPT;TIMEOUT;PROCESSORS;RESOURCE_LOCK;SKIP_RETURN_CODE"
+                        "ARGS;LABELS" ${ARGN})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  if(NOT T_PROCESSORS)
+    set(T_PROCESSORS 1)
+  endif()
+  add_test(NAME ${T_NAME}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/${T_SCRIPT} ${PROJECT_SOURCE_DIR}
+                   ${PROJECT_BINARY_DIR} ${T_ARGS})
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}"
+    PROCESSORS ${T_PROCESSORS} ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+  if(T_RESOURCE_LOCK)
+    set_tests_properties(${T_NAME} PROPERTIES RESOURCE_LOCK ${T_RESOURCE_LOCK})
+  endif()
+  if(T_SKIP_RETURN_CODE)
+    set_tests_properties(${T_NAME} PROPERTIES SKIP_RETURN_CODE ${T_SKIP_RETURN_CODE})
+  endif()
+endfunction()

@@ -8,29 +8,45 @@
 #include <cstdlib>
 #include <thread>
 
-#include "runtime/distributed.h"  // distributed_rank_info, distributed_abort
-
 namespace vqa::runtime {
 
-std::string rank_label() {
-  if (!distributed_is_initialized()) {
-    char host[256] = "?";
-    gethostname(host, sizeof(host) - 1);
-    return std::string("rank ? (") + host + ")";
-  }
-  const RankInfo& info = distributed_rank_info();
-  return "rank " + std::to_string(info.rank) + "/" + std::to_string(info.world_size) + " (" +
-         info.host + ")";
+namespace {
+
+// MPI is up: initialised and not finalised (both callable at any time, from
+// any thread). The check family sits below distributed.h, so it asks MPI.
+bool mpi_running() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
 }
 
-namespace {
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
 [[noreturn]] void end_job(int exit_code) {
   std::fflush(stdout);
   std::fflush(stderr);
-  if (distributed_is_initialized()) distributed_abort(exit_code);
+  if (mpi_running()) MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);
 }
+
 }  // namespace
+
+std::string rank_label() {
+  char host[MPI_MAX_PROCESSOR_NAME + 1] = "?";
+  if (!mpi_running()) {
+    gethostname(host, sizeof(host) - 1);
+    return std::string("rank ? (") + host + ")";
+  }
+  int size = 1, length = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Get_processor_name(host, &length);
+  return "rank " + std::to_string(world_rank()) + "/" + std::to_string(size) + " (" + host + ")";
+}
 
 void fatal_error(const char* library, const char* call, const char* file, int line,
                  const std::string& detail) {
@@ -45,7 +61,7 @@ void fatal_user_error(const std::string& message, int exit_code) {
 }
 
 void fatal_user_error_from_rank0(const std::string& message, int exit_code) {
-  if (!distributed_is_initialized() || distributed_rank_info().rank == 0) {
+  if (!mpi_running() || world_rank() == 0) {
     fatal_user_error(message, exit_code);
   }
   // Rank 0's MPI_Abort ends this process; this is the fallback if it never comes.

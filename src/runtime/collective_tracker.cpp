@@ -1,7 +1,7 @@
 // CollectiveTracker: the per-communicator bookkeeping the watchdog reads.
 #include <cstdio>
 
-#include "runtime/communicator.h"   // Communicator::position_epoch/step
+#include "runtime/types.h"          // TrainingPosition
 #include "runtime/watchdog_impl.h"  // CollectiveTracker, watchdog registry
 
 namespace vqa::runtime {
@@ -27,8 +27,8 @@ std::string position_text(int64_t epoch, int64_t step) {
   return "at epoch " + std::to_string(epoch) + " step " + std::to_string(step);
 }
 
-CollectiveTracker::CollectiveTracker(const Communicator& owner)
-    : owner_(owner), index_(watchdog_next_index()), last_activity_(Clock::now()) {
+CollectiveTracker::CollectiveTracker(const TrainingPosition& position)
+    : position_(position), index_(watchdog_next_index()), last_activity_(Clock::now()) {
   watchdog_register(this);
 }
 
@@ -64,8 +64,8 @@ void CollectiveTracker::set_abort_hook(std::function<void()> hook) {
 CollectiveState CollectiveTracker::state() const {
   const Clock::time_point now = Clock::now();
   CollectiveState state;
-  state.epoch = owner_.position_epoch();
-  state.step = owner_.position_step();
+  state.epoch = position_.epoch.load(std::memory_order_relaxed);
+  state.step = position_.step.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mutex_);
   state.started = started_;
   state.completed = completed_;

@@ -5,6 +5,7 @@
 
 #include "runtime/check.h"              // fatal_user_error
 #include "runtime/communicator_impl.h"  // backend constructors
+#include "runtime/distributed.h"        // distributed_rank_info
 
 namespace vqa::runtime {
 

@@ -11,12 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "runtime/distributed.h"  // RankInfo
+#include "runtime/types.h"  // RankInfo, ScalarOp, TrainingPosition
 
 namespace vqa::runtime {
 
 enum class ReduceOp { kSum, kAverage };
-enum class ScalarOp { kSum, kMax, kMin };
 enum class Backend { kAuto, kMpi, kNccl };
 // How the MPI backend averages large gradient buffers: its own pipelined ring
 // over point-to-point messages (ring_allreduce.h says why), or the MPI
@@ -122,19 +121,17 @@ class Communicator {
   // messages about a stuck or failed collective can say when it happened.
   // Cheap: two relaxed atomic stores; call it every step.
   void set_position(int64_t epoch, int64_t step) {
-    epoch_.store(epoch, std::memory_order_relaxed);
-    step_.store(step, std::memory_order_relaxed);
+    position_.epoch.store(epoch, std::memory_order_relaxed);
+    position_.step.store(step, std::memory_order_relaxed);
   }
-  int64_t position_epoch() const { return epoch_.load(std::memory_order_relaxed); }
-  int64_t position_step() const { return step_.load(std::memory_order_relaxed); }
+  const TrainingPosition& position() const { return position_; }
 
  protected:
   explicit Communicator(const RankInfo& info) : info_(info) {}
   RankInfo info_;
 
  private:
-  std::atomic<int64_t> epoch_{-1};  // -1: before training starts
-  std::atomic<int64_t> step_{-1};
+  TrainingPosition position_;
 };
 
 // Creates the communicator for `requested` (kAuto: from the device). Every

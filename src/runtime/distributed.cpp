@@ -9,6 +9,7 @@
 
 #include "runtime/check.h"            // VQA_CHECK_MPI, fatal_user_error
 #include "runtime/mpi_collectives.h"  // mpi_allgather_strings
+#include "runtime/rank_agreement.h"   // require_same_on_all_ranks
 #include "runtime/version.h"          // code_version
 #include "runtime/watchdog_impl.h"    // watchdog_start, watchdog_stop
 
@@ -19,26 +20,6 @@ RankInfo g_info;
 std::atomic<bool> g_initialized{false};
 MPI_Comm g_io_comm = MPI_COMM_NULL;  // reserved for MPI-IO on the loader thread
 
-// Ranks built from different code would disagree in ways that are hard to
-// trace (a changed bucket layout hangs an allreduce); refuse them up front.
-void require_same_code_version() {
-  const std::vector<std::string> versions = distributed_gather_strings(code_version());
-  const std::vector<std::string> hosts = distributed_gather_strings(g_info.host);
-  std::string differences;
-  int differing = 0;
-  for (size_t rank = 1; rank < versions.size(); ++rank) {
-    if (versions[rank] == versions[0]) continue;
-    if (++differing <= 8) {
-      differences +=
-          "; rank " + std::to_string(rank) + " (" + hosts[rank] + ") runs '" + versions[rank] + "'";
-    }
-  }
-  if (differing == 0) return;
-  if (differing > 8) differences += "; and " + std::to_string(differing - 8) + " more";
-  fatal_user_error_from_rank0("the ranks run different builds of vqa-hpc: rank 0 (" + hosts[0] +
-                              ") runs '" + versions[0] + "'" + differences +
-                              "; install the same build on every node");
-}
 }  // namespace
 
 const RankInfo& distributed_init(int* argc, char*** argv) {
@@ -73,8 +54,12 @@ const RankInfo& distributed_init(int* argc, char*** argv) {
                      "); use an MPI built with thread support (Open MPI, MPICH and Intel MPI "
                      "all are by default)");
   }
-  require_same_code_version();
-  watchdog_start();
+  // Ranks built from different code would disagree in ways that are hard to
+  // trace (a changed bucket layout hangs an allreduce); refuse them up front.
+  require_same_on_all_ranks(
+      "the ranks run different builds of vqa-hpc; install the same build on every node",
+      code_version());
+  watchdog_start(g_info);
   return g_info;
 }
 

@@ -6,15 +6,9 @@
 #include <string>
 #include <vector>
 
-namespace vqa::runtime {
+#include "runtime/types.h"  // RankInfo
 
-struct RankInfo {
-  int rank = 0;  // 0 .. world_size-1 in MPI_COMM_WORLD
-  int world_size = 1;
-  int local_rank = 0;  // index among the ranks on this host (MPI_COMM_TYPE_SHARED); GPU index
-  int local_size = 1;  // ranks on this host
-  std::string host;    // MPI_Get_processor_name
-};
+namespace vqa::runtime {
 
 // Starts MPI with MPI_THREAD_MULTIPLE: the loader's prefetch thread reads
 // through MPI-IO and the CPU communicator's progress thread runs collectives

@@ -8,15 +8,15 @@
 #include <string>
 #include <vector>
 
-#include "runtime/communicator.h"  // ScalarOp
+#include "runtime/types.h"  // ScalarOp
 
 namespace vqa::runtime {
 
 class CollectiveTracker;
 
-// `value` combined over `comm`. A failed call ends the job: through
-// collective_call_failed (naming the collective) when `tracker` is given,
-// else through VQA_CHECK_MPI.
+// `value` combined over `comm`. A failed call ends the job through
+// VQA_CHECK_MPI_IN(tracker, ...): naming the collective when `tracker` is
+// given.
 double mpi_allreduce_scalar(MPI_Comm comm, double value, ScalarOp op,
                             const CollectiveTracker* tracker);
 

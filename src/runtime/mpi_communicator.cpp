@@ -18,8 +18,8 @@
 #include "runtime/communicator.h"       // Communicator, Work
 #include "runtime/communicator_impl.h"  // mpi_communicator_create
 #include "runtime/mpi_collectives.h"    // mpi_allreduce_scalar, mpi_allgather_strings
-#include "runtime/mpi_tracked_check.h"  // VQA_CHECK_MPI_IN
 #include "runtime/ring_allreduce.h"     // ring_allreduce_sum
+#include "runtime/tracked_check.h"      // VQA_CHECK_MPI_IN
 #include "runtime/watchdog_impl.h"      // CollectiveTracker
 #include "util/clock.h"                 // steady_seconds
 
@@ -79,7 +79,7 @@ class MpiCommunicator final : public Communicator {
     VQA_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
     VQA_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     VQA_CHECK_MPI(MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_op_));
-    tracker_ = std::make_unique<CollectiveTracker>(*this);
+    tracker_ = std::make_unique<CollectiveTracker>(position());
     progress_thread_ = std::thread([this] { progress_loop(); });
   }
 
@@ -163,7 +163,7 @@ class MpiCommunicator final : public Communicator {
     const int64_t sequence = tracker_->begin(CollectiveKind::kBroadcast, total);
     for (int64_t offset = 0; offset < total; offset += kMaxElementsPerCall) {
       const int count = static_cast<int>(std::min(kMaxElementsPerCall, total - offset));
-      VQA_CHECK_MPI_IN(*tracker_, MPI_Bcast(bytes + offset, count, MPI_BYTE, root, comm_));
+      VQA_CHECK_MPI_IN(tracker_.get(), MPI_Bcast(bytes + offset, count, MPI_BYTE, root, comm_));
     }
     tracker_->end(sequence);
   }
@@ -171,7 +171,7 @@ class MpiCommunicator final : public Communicator {
   void barrier() override {
     drain();
     const int64_t sequence = tracker_->begin(CollectiveKind::kBarrier, 0);
-    VQA_CHECK_MPI_IN(*tracker_, MPI_Barrier(comm_));
+    VQA_CHECK_MPI_IN(tracker_.get(), MPI_Barrier(comm_));
     tracker_->end(sequence);
   }
 
@@ -246,8 +246,8 @@ class MpiCommunicator final : public Communicator {
       const MPI_Op op = is_bf16 ? bf16_sum_op_ : MPI_SUM;
       for (int64_t offset = 0; offset < buffer.numel(); offset += kMaxElementsPerCall) {
         const int count = static_cast<int>(std::min(kMaxElementsPerCall, buffer.numel() - offset));
-        VQA_CHECK_MPI_IN(*tracker_, MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size, count,
-                                                  type, op, comm_));
+        VQA_CHECK_MPI_IN(tracker_.get(), MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size,
+                                                       count, type, op, comm_));
       }
     }
     tracker_->end(sequence);

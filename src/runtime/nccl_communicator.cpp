@@ -22,7 +22,8 @@
 #include "runtime/communicator_impl.h"  // nccl_communicator_create
 #include "runtime/gpu_check.h"          // VQA_CHECK_CUDA, VQA_CHECK_NCCL
 #include "runtime/mpi_collectives.h"    // mpi_allreduce_scalar, mpi_allgather_strings
-#include "runtime/watchdog_impl.h"      // CollectiveTracker, collective_call_failed
+#include "runtime/tracked_check.h"      // VQA_CHECK_NCCL_IN
+#include "runtime/watchdog_impl.h"      // CollectiveTracker
 
 namespace vqa::runtime {
 
@@ -69,16 +70,6 @@ class NcclWork final : public Work {
   cudaStream_t compute_;
 };
 
-// An NCCL call inside a tracked collective.
-#define VQA_CHECK_NCCL_IN(tracker, call)                                                   \
-  do {                                                                                     \
-    const ncclResult_t vqa_nccl_rc_ = (call);                                              \
-    if (vqa_nccl_rc_ != ncclSuccess) {                                                     \
-      ::vqa::runtime::collective_call_failed((tracker), "NCCL", #call, __FILE__, __LINE__, \
-                                             ncclGetErrorString(vqa_nccl_rc_));            \
-    }                                                                                      \
-  } while (0)
-
 class NcclCommunicator final : public Communicator {
  public:
   explicit NcclCommunicator(const RankInfo& info)
@@ -90,7 +81,7 @@ class NcclCommunicator final : public Communicator {
     VQA_CHECK_MPI(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
     VQA_CHECK_NCCL(ncclCommInitRank(&comm_, info.world_size, id, info.rank));
     VQA_CHECK_CUDA(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
-    tracker_ = std::make_unique<CollectiveTracker>(*this);
+    tracker_ = std::make_unique<CollectiveTracker>(position());
     // The raw pointer stays valid while the watchdog may call: the tracker's
     // destructor waits for the watchdog's current cycle.
     tracker_->set_completion_poll(
@@ -114,7 +105,7 @@ class NcclCommunicator final : public Communicator {
     const int64_t sequence =
         tracker_->begin(CollectiveKind::kAllreduce, buffer.numel() * buffer.element_size());
     VQA_CHECK_NCCL_IN(
-        *tracker_,
+        tracker_.get(),
         ncclAllReduce(buffer.data_ptr(), buffer.data_ptr(), buffer.numel(), nccl_type(buffer),
                       op == ReduceOp::kAverage ? ncclAvg : ncclSum, comm_, comm_stream_));
     SharedEvent done = record_completion(sequence);
@@ -126,8 +117,8 @@ class NcclCommunicator final : public Communicator {
     order_after(compute_stream(device_));
     const int64_t bytes = buffer.numel() * buffer.element_size();
     const int64_t sequence = tracker_->begin(CollectiveKind::kBroadcast, bytes);
-    VQA_CHECK_NCCL_IN(*tracker_, ncclBroadcast(buffer.data_ptr(), buffer.data_ptr(), bytes,
-                                               ncclUint8, root, comm_, comm_stream_));
+    VQA_CHECK_NCCL_IN(tracker_.get(), ncclBroadcast(buffer.data_ptr(), buffer.data_ptr(), bytes,
+                                                    ncclUint8, root, comm_, comm_stream_));
     record_completion(sequence);
     VQA_CHECK_CUDA(cudaStreamSynchronize(comm_stream_));
   }

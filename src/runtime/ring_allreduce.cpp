@@ -7,7 +7,7 @@
 #include <cstring>
 #include <thread>
 
-#include "runtime/mpi_tracked_check.h"  // VQA_CHECK_MPI_IN
+#include "runtime/tracked_check.h"  // VQA_CHECK_MPI_IN
 
 namespace vqa::runtime {
 
@@ -57,7 +57,7 @@ void wait_without_spinning(MPI_Request* requests, int count, CollectiveTracker& 
   int sleep_us = 2;
   for (;;) {
     int done = 0;
-    VQA_CHECK_MPI_IN(tracker, MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE));
+    VQA_CHECK_MPI_IN(&tracker, MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE));
     if (done) return;
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
     sleep_us = std::min(2 * sleep_us, kMaxPollSleepMicroseconds);
@@ -76,8 +76,8 @@ void wait_without_spinning(MPI_Request* requests, int count, CollectiveTracker& 
 void ring_allreduce_sum(void* data, int64_t count, RingElement type, int64_t segment_bytes,
                         MPI_Comm comm, std::vector<char>& scratch, CollectiveTracker& tracker) {
   int rank = 0, n = 1;
-  VQA_CHECK_MPI_IN(tracker, MPI_Comm_rank(comm, &rank));
-  VQA_CHECK_MPI_IN(tracker, MPI_Comm_size(comm, &n));
+  VQA_CHECK_MPI_IN(&tracker, MPI_Comm_rank(comm, &rank));
+  VQA_CHECK_MPI_IN(&tracker, MPI_Comm_size(comm, &n));
   if (n < 2 || count == 0) return;
   const int64_t element = type == RingElement::kFloat32 ? 4 : 2;
   const int64_t segment = std::max<int64_t>(1, segment_bytes / element);
@@ -96,7 +96,7 @@ void ring_allreduce_sum(void* data, int64_t count, RingElement type, int64_t seg
   };
   const auto post_send = [&](const Span& part, std::vector<MPI_Request>& requests) {
     requests.emplace_back();
-    VQA_CHECK_MPI_IN(tracker,
+    VQA_CHECK_MPI_IN(&tracker,
                      MPI_Isend(bytes + part.begin * element, static_cast<int>(part.count * element),
                                MPI_BYTE, right, kRingTag, comm, &requests.back()));
   };
@@ -113,8 +113,8 @@ void ring_allreduce_sum(void* data, int64_t count, RingElement type, int64_t seg
     for (size_t k = 0; k < parts.size(); ++k) {
       char* target = reduce ? scratch.data() + (parts[k].begin - chunk_begin) * element
                             : bytes + parts[k].begin * element;
-      VQA_CHECK_MPI_IN(tracker, MPI_Irecv(target, static_cast<int>(parts[k].count * element),
-                                          MPI_BYTE, left, kRingTag, comm, &receives[k]));
+      VQA_CHECK_MPI_IN(&tracker, MPI_Irecv(target, static_cast<int>(parts[k].count * element),
+                                           MPI_BYTE, left, kRingTag, comm, &receives[k]));
     }
     next_sends.clear();
     for (size_t k = 0; k < parts.size(); ++k) {

@@ -21,9 +21,11 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/check.h"          // rank_label, fatal_error, fatal_user_error
-#include "runtime/distributed.h"    // distributed_rank_info, distributed_gather_strings
-#include "runtime/watchdog_impl.h"  // CollectiveTracker, CollectiveState
+#include "runtime/check.h"            // rank_label, fatal_error, fatal_user_error
+#include "runtime/mpi_collectives.h"  // mpi_allgather_strings
+#include "runtime/tracked_check.h"    // collective_call_failed
+#include "runtime/types.h"            // RankInfo
+#include "runtime/watchdog_impl.h"    // CollectiveTracker, CollectiveState
 
 namespace vqa::runtime {
 
@@ -99,8 +101,7 @@ std::string seconds_text(double seconds) {
 
 class Watchdog {
  public:
-  void start() {
-    const RankInfo& info = distributed_rank_info();
+  void start(const RankInfo& info) {
     me_ = info.rank;
     world_ = info.world_size;
     VQA_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
@@ -184,8 +185,10 @@ class Watchdog {
   // whose process this one can see are watched for a sudden end.
   void find_peers(const RankInfo& info) {
     const long pid = static_cast<long>(getpid());
-    const auto all = distributed_gather_strings(
-        std::to_string(pid) + " " + std::to_string(process_start_ticks(pid)) + " " + info.host);
+    const auto all = mpi_allgather_strings(
+        comm_,
+        std::to_string(pid) + " " + std::to_string(process_start_ticks(pid)) + " " + info.host,
+        /*tracker=*/nullptr);
     peers_.assign(world_, Peer{});
     monitored_.clear();
     for (int rank = 0; rank < world_; ++rank) {
@@ -484,14 +487,15 @@ void watchdog_register(CollectiveTracker* tracker) { watchdog().add(tracker); }
 void watchdog_deregister(CollectiveTracker* tracker) { watchdog().remove(tracker); }
 int watchdog_next_index() { return watchdog().next_index(); }
 
-void watchdog_start() { watchdog().start(); }
+void watchdog_start(const RankInfo& info) { watchdog().start(info); }
 void watchdog_stop() { watchdog().stop(); }
 
-void collective_call_failed(const CollectiveTracker& tracker, const char* library, const char* call,
+void collective_call_failed(const CollectiveTracker* tracker, const char* library, const char* call,
                             const char* file, int line, const std::string& detail) {
+  if (!tracker) fatal_error(library, call, file, line, detail);
   const std::string lost = watchdog().lost_ranks_text();
   fatal_error(library, call, file, line,
-              detail + " during " + tracker.describe() + (lost.empty() ? "" : "; " + lost));
+              detail + " during " + tracker->describe() + (lost.empty() ? "" : "; " + lost));
 }
 
 }  // namespace vqa::runtime

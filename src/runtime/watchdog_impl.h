@@ -10,9 +10,9 @@
 #include <mutex>
 #include <string>
 
-namespace vqa::runtime {
+#include "runtime/types.h"  // RankInfo, TrainingPosition
 
-class Communicator;
+namespace vqa::runtime {
 
 enum class CollectiveKind : int64_t { kAllreduce = 1, kBroadcast, kBarrier, kScalar, kGather };
 const char* collective_kind_name(CollectiveKind kind);
@@ -38,8 +38,8 @@ struct CollectiveState {
 // every rank. begin()/end() cost one uncontended lock each.
 class CollectiveTracker {
  public:
-  // `owner` gives the training position and must outlive the tracker.
-  explicit CollectiveTracker(const Communicator& owner);
+  // `position` (the owning communicator's) must outlive the tracker.
+  explicit CollectiveTracker(const TrainingPosition& position);
   // Deregisters: once it returns, the watchdog thread no longer calls the
   // poll or abort hooks. Destroy the tracker before what the hooks use.
   ~CollectiveTracker();
@@ -77,7 +77,7 @@ class CollectiveTracker {
     int64_t bytes;
     Clock::time_point start;
   };
-  const Communicator& owner_;
+  const TrainingPosition& position_;
   int index_;
   mutable std::mutex mutex_;
   std::deque<Pending> pending_;
@@ -91,16 +91,9 @@ class CollectiveTracker {
 // "at epoch 3 step 120", or "before the first training step".
 std::string position_text(int64_t epoch, int64_t step);
 
-// An MPI or NCCL call inside a tracked collective failed: prints the call,
-// file:line, the library's error, the collective and the training position,
-// names ranks on this host whose process has ended, and ends the job.
-[[noreturn]] void collective_call_failed(const CollectiveTracker& tracker, const char* library,
-                                         const char* call, const char* file, int line,
-                                         const std::string& detail);
-
 // Collective over MPI_COMM_WORLD: distributed_init starts the watchdog
-// thread last, distributed_finalize stops it first.
-void watchdog_start();
+// thread last (with its RankInfo), distributed_finalize stops it first.
+void watchdog_start(const RankInfo& info);
 void watchdog_stop();
 
 // The registry behind CollectiveTracker's constructor and destructor.

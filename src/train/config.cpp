@@ -348,13 +348,4 @@ std::string config_to_ini(const TrainConfig& config) {
   return text.str();
 }
 
-uint64_t stable_hash(const std::string& text) {
-  uint64_t hash = 1469598103934665603ull;
-  for (unsigned char byte : text) {
-    hash ^= byte;
-    hash *= 1099511628211ull;
-  }
-  return hash;
-}
-
 }  // namespace vqa::train

@@ -116,7 +116,4 @@ void config_finalize(TrainConfig& config, int world_size);
 // --config reads back. Derived values appear as comments.
 std::string config_to_ini(const TrainConfig& config);
 
-// FNV-1a 64-bit hash of a string, stable across builds and hosts.
-uint64_t stable_hash(const std::string& text);
-
 }  // namespace vqa::train

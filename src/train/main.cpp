@@ -18,6 +18,7 @@
 #include "runtime/stop_request.h"  // stop_signals_install
 #include "runtime/system_info.h"   // keep_freed_memory_for_reuse, mpi_yield_when_idle, ...
 #include "runtime/watchdog.h"      // set_collective_timeout
+#include "train/comm_setup.h"      // gradient_bucket_mb, allreduce_probe_for
 #include "train/config.h"          // TrainConfig, config_parse, config_finalize, config_to_ini
 #include "train/gradient_sync.h"   // GradientSynchronizer, broadcast_module_state
 #include "train/optimizer.h"       // VqaOptimizer
@@ -41,7 +42,7 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
   train::config_finalize(config, rank.world_size);
   runtime::set_collective_timeout(config.comm_timeout);
   const std::string config_ini = train::config_to_ini(config);
-  train::require_same_on_all_ranks("configuration", config_ini);
+  train::require_same_setting_on_all_ranks("configuration", config_ini);
   if (!config.eval_only && train::run_already_complete(config, rank)) {
     if (rank.rank == 0) {
       std::printf("vqa_train: %s/DONE: this run completed its %d epochs, nothing to do\n",
@@ -58,7 +59,7 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
   train::require_same_files_on_all_ranks({config.train_data, config.test_data});
   auto train_loader = train::open_loader(config.train_data, "train", config, rank, device);
   auto test_loader = train::open_loader(config.test_data, "test", config, rank, device);
-  train::require_same_on_all_ranks(
+  train::require_same_setting_on_all_ranks(
       "dataset", train_loader.info().identity + "|" + test_loader.info().identity);
   const int64_t steps_per_epoch = train::steps_per_epoch_or_exit(train_loader, config);
 

@@ -10,6 +10,7 @@
 #include "runtime/stop_request.h"  // StopAgreement, stop_signal_name, kExitStopRequested
 #include "train/checkpoint.h"      // checkpoint_save, checkpoint_save_best
 #include "train/evaluation.h"      // evaluate
+#include "train/step_report.h"     // EpochReport, RankSummary, epoch_report_build, ...
 #include "util/durable_file.h"     // write_file_atomically, DurableFileWriter
 
 namespace vqa::train {

@@ -14,13 +14,13 @@
 #include "model/m3ae.h"            // M3AE, ModelConfig
 #include "runtime/communicator.h"  // Communicator
 #include "runtime/distributed.h"   // RankInfo
+#include "train/comm_setup.h"      // AllreduceProbe
 #include "train/config.h"          // TrainConfig
 #include "train/gradient_sync.h"   // GradientSynchronizer, GradientSyncOptions, NamedTensor
 #include "train/loss_scaler.h"     // LossScaler
 #include "train/optimizer.h"       // VqaOptimizer, OptimizerSettings
 #include "train/run_log.h"         // RunLog
 #include "train/run_state.h"       // TrainState
-#include "train/step_report.h"     // AllreduceProbe
 #include "train/trainer.h"         // TrainingParts
 
 namespace vqa::train {
@@ -37,11 +37,13 @@ std::unique_ptr<LossScaler> setup_loss_scaler(const TrainConfig& config,
                                               const torch::Device& device, const TrainState& state,
                                               RunLog& log);
 
-// Every rank hashes `text`; on a mismatch the job stops before training,
-// and rank 0 prints which ranks differ from it and how: the differing lines
-// ("key = value" of an INI text, or '|'-separated parts), each rank's value
-// next to rank 0's. Collective; main thread.
-void require_same_on_all_ranks(const std::string& what, const std::string& text);
+// ---- data (setup_data.cpp) ----
+
+// The `what` ("configuration", "dataset") every rank describes as `text`
+// must be the same: runtime::require_same_on_all_ranks, whose message shows
+// the differing lines ("key = value" of an INI text, or '|'-separated
+// parts). Collective; main thread.
+void require_same_setting_on_all_ranks(const std::string& what, const std::string& text);
 
 // Every rank describes each file by its size and a checksum of its first and
 // last 64 KiB (HDF5 keeps its superblock and most metadata there) without
@@ -76,27 +78,6 @@ int64_t steps_per_epoch_or_exit(const data::ShardedLoader& train_loader, const T
 std::vector<NamedTensor> trainable_parameters(model::M3AE& model);
 
 OptimizerSettings optimizer_settings_from(const TrainConfig& config, int64_t total_steps);
-// The buckets' options; `bucket_mb` is gradient_bucket_mb's answer.
-GradientSyncOptions gradient_sync_options_from(const TrainConfig& config, double bucket_mb);
-
-// --bucket-mb, or with 0 (auto) the size whose allreduce takes about
-// kAutoBucketSeconds at the bus bandwidth measured now (between 1 and 25
-// MiB; 25 on one rank): small enough on a slow link that the first bucket
-// goes out early in backward and the link stays busy, large enough on a fast
-// one that each allreduce's fixed cost stays small. Logs the choice.
-// Collective.
-double gradient_bucket_mb(const TrainConfig& config, runtime::Communicator& comm,
-                          const std::vector<NamedTensor>& parameters, const torch::Device& device,
-                          RunLog& log);
-
-// The communicator's own tuning for the largest gradient bucket
-// (Communicator::tune_allreduce), then the start-up allreduce probe of that
-// size (bus bandwidth) and of 4 bytes (latency), or no probe with
-// --phase-timers false or --no-comm. Collective.
-AllreduceProbe allreduce_probe_for(const TrainConfig& config, runtime::Communicator& comm,
-                                   const GradientSynchronizer& gradients,
-                                   const torch::Device& device);
-
 // --init-from FILE: the model's starting weights, before the first step (or
 // the evaluation). FILE.safetensors is an M3AE state_dict (m3ae_import; the
 // summary of what was loaded, resized, dropped and newly initialised goes to

@@ -6,8 +6,8 @@
 #include <sstream>
 #include <utility>
 
-#include "runtime/check.h"  // VQA_CHECK
-#include "util/clock.h"     // SteadyClock, seconds_since
+#include "runtime/check.h"     // VQA_CHECK
+#include "train/comm_setup.h"  // allreduce_bus_gbps
 
 namespace vqa::train {
 
@@ -124,46 +124,6 @@ std::pair<std::string, nlohmann::json> communication_remedies(const EpochReport&
 }
 
 }  // namespace
-
-double allreduce_bus_gbps(int64_t bytes, int ranks, double seconds) {
-  if (seconds <= 0 || ranks < 2) return 0.0;
-  return static_cast<double>(bytes) / seconds * 2.0 * (ranks - 1) / ranks / 1e9;
-}
-
-double allreduce_probe_bus_gbps(runtime::Communicator& comm, int64_t bytes,
-                                const torch::Device& device, int repeats) {
-  if (comm.world_size() < 2 || bytes <= 0) return 0.0;
-  auto buffer = torch::ones({std::max<int64_t>(1, bytes / 4)},
-                            torch::TensorOptions().dtype(torch::kFloat32).device(device));
-  std::vector<double> seconds;
-  for (int i = 0; i <= repeats; ++i) {
-    comm.barrier();
-    const auto start = util::SteadyClock::now();
-    comm.allreduce(buffer, runtime::ReduceOp::kAverage);
-    buffer[0].item<float>();  // on a GPU: waits for the allreduce to finish
-    const double elapsed = util::seconds_since(start);
-    if (i > 0) seconds.push_back(elapsed);  // the first is the warm-up
-  }
-  // Every rank reports the slowest rank's time, as the benchmark does.
-  const double slowest = comm.max(summarize(seconds).p50);
-  return allreduce_bus_gbps(buffer.nbytes(), comm.world_size(), slowest);
-}
-
-double allreduce_probe_latency_seconds(runtime::Communicator& comm, const torch::Device& device,
-                                       int repeats) {
-  if (comm.world_size() < 2) return 0.0;
-  auto buffer = torch::ones({1}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
-  std::vector<double> seconds;
-  for (int i = 0; i <= repeats; ++i) {
-    comm.barrier();
-    const auto start = util::SteadyClock::now();
-    comm.allreduce(buffer, runtime::ReduceOp::kSum);
-    buffer[0].item<float>();
-    if (i > 0) seconds.push_back(util::seconds_since(start));
-  }
-  const double rounds = std::ceil(std::log2(static_cast<double>(comm.world_size())));
-  return comm.max(summarize(seconds).p50) / std::max(1.0, rounds);
-}
 
 RankSummary rank_summary_build(int rank, const std::vector<StepTimes>& steps,
                                int64_t samples_per_step, double eval_seconds,

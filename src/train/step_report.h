@@ -145,29 +145,4 @@ std::vector<std::string> epoch_report_lines(const EpochReport& report);
 // The report as JSON (metrics.jsonl and diagnosis.json), thresholds included.
 nlohmann::json epoch_report_json(const EpochReport& report);
 
-// busbw in GB/s of an allreduce of `bytes` on `ranks` ranks that took `seconds`.
-double allreduce_bus_gbps(int64_t bytes, int ranks, double seconds);
-
-// The start-up probe's result: bus bandwidth of an allreduce of `bytes`
-// (0: not measured).
-struct AllreduceProbe {
-  double bus_gbps = 0.0;
-  int64_t bytes = 0;
-  // A 4-byte allreduce's median time over its message rounds (ceil(log2 n)):
-  // the per-message latency the projection's "auto" fabric uses (0: unknown).
-  double latency_seconds = 0.0;
-  std::string tuning;  // what the communicator chose at start-up (its log line), or ""
-};
-
-// The start-up probe: the median of `repeats` blocking float32 average-
-// allreduces of `bytes` on `device` through `comm`, after one warm-up, as bus
-// bandwidth in GB/s (what vqa_allreduce_bench reports for that size).
-// Collective; 0 on one rank.
-double allreduce_probe_bus_gbps(runtime::Communicator& comm, int64_t bytes,
-                                const torch::Device& device, int repeats = 5);
-// The latency probe: seconds per message round of a 4-byte allreduce
-// (median of `repeats`, the slowest rank's). Collective; 0 on one rank.
-double allreduce_probe_latency_seconds(runtime::Communicator& comm, const torch::Device& device,
-                                       int repeats = 9);
-
 }  // namespace vqa::train

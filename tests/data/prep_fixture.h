@@ -12,7 +12,8 @@
 #include <opencv2/imgcodecs.hpp>
 #include <string>
 
-#include "process.h"  // make_temp_dir
+#include "data/loader.h"  // ShardedLoader, Batch
+#include "process.h"      // make_temp_dir
 
 namespace vqa::testing {
 
@@ -72,6 +73,16 @@ struct Fixture {
     write_json(test_json, test);
     return kPrep + " convert --train-json " + train_json + " --test-json " + test_json +
            " --images " + images + " --image-size 24 -o " + output + " " + extra + " 2>&1";
+  }
+  // The first `count` training samples in file order, read as training
+  // reads them (no MPI: HDF5's default driver). False when there is none.
+  bool first_train_batch(vqa::data::Batch& batch, int64_t count = 6) const {
+    vqa::data::LoaderOptions options;
+    options.batch_per_rank = count;
+    options.shuffle = false;
+    vqa::data::ShardedLoader loader(output, "train", options);
+    loader.start_epoch(0);
+    return loader.next(batch);
   }
   bool output_left() const {
     for (const auto& entry : std::filesystem::directory_iterator(dir + "/out")) {

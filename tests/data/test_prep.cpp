@@ -11,7 +11,6 @@
 #include <opencv2/imgproc.hpp>
 
 #include "data/dataset_reader.h"  // DatasetReader
-#include "data/loader.h"          // ShardedLoader
 #include "prep_fixture.h"         // Fixture, record, write_json
 #include "process.h"              // run_process, mpirun_prefix, make_temp_dir
 
@@ -88,16 +87,11 @@ TEST(Prep, ConvertVqaRadGivesExpectedLabelsTargetsAndImages) {
   // Pixels through the loader (no MPI: default driver). A solid colour stays
   // solid under bicubic resizing: PNG exact to rounding (0.5 grey levels),
   // JPEG within 4 (lossy coding); also checks BGR -> RGB.
-  vqa::data::LoaderOptions options;
-  options.batch_per_rank = 6;
-  options.shuffle = false;
-  vqa::data::ShardedLoader loader(fixture.output, "train", options);
-  loader.start_epoch(0);
   vqa::data::Batch batch;
-  ASSERT_TRUE(loader.next(batch));
+  ASSERT_TRUE(fixture.first_train_batch(batch));
   EXPECT_TRUE(batch.question_type.equal(torch::zeros({6}, torch::kInt64)))
       << "every fixture question is of type PRES, code 0: " << batch.question_type;
-  const auto& info = loader.info();
+  const auto& info = test.info();
   const auto mean = torch::tensor(info.image_mean).to(torch::kFloat32).view({3, 1, 1});
   const auto std = torch::tensor(info.image_std).to(torch::kFloat32).view({3, 1, 1});
   const auto rgb = [&](int64_t i) { return (batch.images[i] * std + mean) * 255.0f; };

@@ -13,7 +13,6 @@
 
 #include "bpe_corpus.h"           // kWhitespaceQuestions
 #include "data/dataset_reader.h"  // DatasetReader
-#include "data/loader.h"          // ShardedLoader
 #include "prep_fixture.h"         // Fixture, write_json, kPrep
 #include "process.h"              // run_process
 #include "tiny_roberta.h"         // tiny_roberta_write
@@ -62,13 +61,8 @@ TEST(Prep, ConvertWithRobertaAndClipStoresWhatM3aeReads) {
   EXPECT_EQ(info.image_std, (std::vector<double>{0.26862954, 0.26130258, 0.27577711}));
   EXPECT_EQ(info.question_types, (std::vector<std::string>{"MODALITY", "PRES"}));
 
-  vqa::data::LoaderOptions options;
-  options.batch_per_rank = 6;
-  options.shuffle = false;
-  vqa::data::ShardedLoader loader(fixture.output, "train", options);
-  loader.start_epoch(0);
   vqa::data::Batch batch;
-  ASSERT_TRUE(loader.next(batch));
+  ASSERT_TRUE(fixture.first_train_batch(batch));
   // "Is there a mass?" with the tiny merges, then "Which side is the lesion on?",
   // longer than 12 ids: truncated with </s> kept last.
   const std::vector<int64_t> first = {0,

@@ -19,23 +19,8 @@ set -euo pipefail
 source "$(dirname "$0")/../support/script_test.sh"
 script_test_begin m3ae-parity "$1" "$2"
 
-python=$(torch_python 'import torch, h5py')
-[[ -n $python ]] || { echo "FAIL: no python3 that imports torch and h5py (bash env/setup.sh)" >&2; exit 1; }
-reference=$source_dir/tests/model/m3ae_reference.py
-convert=$source_dir/data_prep/m3ae_to_safetensors.py
-compare=$source_dir/tests/model/compare_predictions.py
-mpirun=(mpirun --allow-run-as-root --oversubscribe)
-tolerance=1e-4
-
-# vqa_train --eval-only on NAME with RANKS ranks and the model flags that follow.
-eval_only() {
-  local name=$1 ranks=$2 dataset=$3 weights=$4
-  shift 4
-  "${mpirun[@]}" -np "$ranks" "$build_dir/vqa_train" --train-data "$dataset" --out "$work/$name" \
-    --init-from "$weights" --eval-only --predictions "$work/$name.jsonl" --predictions-logits \
-    --threads 1 --progress off --global-batch 4 --batch-per-rank $((4 / ranks)) "$@" \
-    >"$work/$name.log" 2>&1
-}
+# shellcheck source=tests/model/m3ae_script_common.sh
+source "$(dirname "$0")/m3ae_script_common.sh"
 
 # ---- 1. small M3AE-shaped model ---------------------------------------------
 small=(--hidden 64 --heads 2 --ffn 256 --vision-layers 2 --text-layers 2 --fusion-layers 2

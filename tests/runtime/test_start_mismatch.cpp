@@ -118,10 +118,12 @@ TEST_F(StartMismatch, DifferentCodeVersionIsRefusedWithBothVersions) {
   const auto result = run("version", "exec " + program,
                           "exec env VQA_TEST_CODE_VERSION=v0.0-other-build " + program, "");
   expect_refused(result, "version");
-  EXPECT_TRUE(contains(result.output, "the ranks run different builds of vqa-hpc: rank 0 ("))
+  EXPECT_TRUE(contains(result.output,
+                       "the ranks run different builds of vqa-hpc; install the "
+                       "same build on every node (rank 0 runs on "))
       << result.output;
   EXPECT_TRUE(contains(result.output, "rank 1 (")) << result.output;
-  EXPECT_TRUE(contains(result.output, "runs 'v0.0-other-build'")) << result.output;
+  EXPECT_TRUE(contains(result.output, "'v0.0-other-build' where rank 0 has '")) << result.output;
 }
 
 }  // namespace

@@ -12,12 +12,12 @@
 #     configuration started with jobs/launch_local.sh: every non-timing field
 #     of every epoch equal (tolerance 0).
 #
-#   tests/slurm/test_preemption.sh BUILD_DIR SOURCE_DIR [mpirun|srun]
+#   tests/slurm/test_preemption.sh SOURCE_DIR BUILD_DIR [mpirun|srun]
 #
 # Needs root (see test_submit.sh); exits 77 (CTest: skipped) otherwise.
 set -euo pipefail
-build=$(cd "$1" && pwd)
-source_dir=$(cd "$2" && pwd)
+source_dir=$(cd "$1" && pwd)
+build=$(cd "$2" && pwd)
 launcher=${3:-mpirun}
 # shellcheck source=tests/slurm/slurm_cluster.sh
 source "$source_dir/tests/slurm/slurm_cluster.sh"

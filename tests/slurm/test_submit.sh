@@ -8,13 +8,13 @@
 # not requeued by its script. (Both launchers, preemption
 # and the numbers against a run without Slurm: test_preemption.sh.)
 #
-#   tests/slurm/test_submit.sh BUILD_DIR SOURCE_DIR
+#   tests/slurm/test_submit.sh SOURCE_DIR BUILD_DIR
 #
 # Needs root (slurmd runs the jobs as the submitting user, and SlurmUser is
 # root here); exits 77 (CTest: skipped) otherwise.
 set -euo pipefail
-build=$(cd "$1" && pwd)
-source_dir=$(cd "$2" && pwd)
+source_dir=$(cd "$1" && pwd)
+build=$(cd "$2" && pwd)
 # shellcheck source=tests/slurm/slurm_cluster.sh
 source "$source_dir/tests/slurm/slurm_cluster.sh"
 

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "process.h"           // run_process, mpirun_prefix, make_temp_dir
+#include "run_files.h"         // read_metrics
 #include "train/checkpoint.h"  // checkpoint_verify, checkpoint_save, checkpoint_latest
 #include "util/clock.h"        // seconds_since
 
@@ -71,11 +72,7 @@ std::string joined(const std::vector<std::string>& names) {
 }
 
 std::vector<nlohmann::json> metrics(const fs::path& out) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream file(out / "metrics.jsonl");
-  std::string line;
-  while (std::getline(file, line)) lines.push_back(nlohmann::json::parse(line));
-  return lines;
+  return vqa::testing::read_metrics(out.string());
 }
 
 using vqa::util::seconds_since;

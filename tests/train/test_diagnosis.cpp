@@ -10,7 +10,8 @@
 #include <fstream>
 #include <set>
 
-#include "process.h"  // run_process, mpirun_prefix, make_temp_dir
+#include "process.h"    // run_process, mpirun_prefix, make_temp_dir
+#include "run_files.h"  // read_metrics
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -44,11 +45,9 @@ class Diagnosis : public ::testing::Test {
   }
 
   static json last_record(const std::string& out) {
-    std::ifstream file(out + "/metrics.jsonl");
-    std::string line, last;
-    while (std::getline(file, line)) last = line;
-    EXPECT_FALSE(last.empty()) << "no metrics in " << out;
-    return last.empty() ? json::object() : json::parse(last);
+    const auto records = vqa::testing::read_metrics(out);
+    EXPECT_FALSE(records.empty()) << "no metrics in " << out;
+    return records.empty() ? json::object() : records.back();
   }
 
   // The diagnosis of `rule` in the record, or null.

@@ -8,7 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "process.h"  // run_process, mpirun_prefix, make_temp_dir
+#include "process.h"    // run_process, mpirun_prefix, make_temp_dir
+#include "run_files.h"  // read_metrics
 
 namespace {
 
@@ -26,15 +27,10 @@ TEST(Learning, TinyPresetReachesNinetyFivePercentOnSyntheticSet) {
                                      1200);
   ASSERT_EQ(result.exit_code, 0) << result.output;
 
-  std::ifstream metrics(directory + "/run/metrics.jsonl");
-  std::string line;
-  nlohmann::json last;
-  int epochs = 0;
-  while (std::getline(metrics, line)) {
-    last = nlohmann::json::parse(line);
-    ++epochs;
-  }
+  const auto records = vqa::testing::read_metrics(directory + "/run");
+  const int epochs = static_cast<int>(records.size());
   ASSERT_GT(epochs, 0) << result.output;
+  const nlohmann::json& last = records.back();
   const double overall = last["overall"].get<double>();
   std::printf(
       "quickstart: %d epochs in %.1f s, final overall %.2f%% (open %.2f%%, closed %.2f%%)\n",

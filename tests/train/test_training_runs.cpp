@@ -13,7 +13,8 @@
 #include <fstream>
 #include <map>
 
-#include "process.h"  // run_process, mpirun_prefix, make_temp_dir
+#include "process.h"    // run_process, mpirun_prefix, make_temp_dir
+#include "run_files.h"  // read_metrics
 
 namespace fs = std::filesystem;
 
@@ -103,11 +104,7 @@ class TrainingRuns : public ::testing::Test {
   }
 
   static std::vector<nlohmann::json> metrics(const std::string& out) {
-    std::vector<nlohmann::json> lines;
-    std::ifstream file(out + "/metrics.jsonl");
-    std::string line;
-    while (std::getline(file, line)) lines.push_back(nlohmann::json::parse(line));
-    return lines;
+    return vqa::testing::read_metrics(out);
   }
 
   static inline std::string directory_, dataset_, augmented_dataset_, last_output_;

@@ -1,0 +1,100 @@
+#include "train/comm_setup.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "train/projection.h"  // auto_bucket_bytes, Fabric, kAutoBucketSeconds
+#include "train/step_timer.h"  // summarize
+#include "util/clock.h"        // SteadyClock, seconds_since
+
+namespace vqa::train {
+
+double allreduce_bus_gbps(int64_t bytes, int ranks, double seconds) {
+  if (seconds <= 0 || ranks < 2) return 0.0;
+  return static_cast<double>(bytes) / seconds * 2.0 * (ranks - 1) / ranks / 1e9;
+}
+
+double allreduce_probe_bus_gbps(runtime::Communicator& comm, int64_t bytes,
+                                const torch::Device& device, int repeats) {
+  if (comm.world_size() < 2 || bytes <= 0) return 0.0;
+  auto buffer = torch::ones({std::max<int64_t>(1, bytes / 4)},
+                            torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  std::vector<double> seconds;
+  for (int i = 0; i <= repeats; ++i) {
+    comm.barrier();
+    const auto start = util::SteadyClock::now();
+    comm.allreduce(buffer, runtime::ReduceOp::kAverage);
+    buffer[0].item<float>();  // on a GPU: waits for the allreduce to finish
+    const double elapsed = util::seconds_since(start);
+    if (i > 0) seconds.push_back(elapsed);  // the first is the warm-up
+  }
+  // Every rank reports the slowest rank's time, as the benchmark does.
+  const double slowest = comm.max(summarize(seconds).p50);
+  return allreduce_bus_gbps(buffer.nbytes(), comm.world_size(), slowest);
+}
+
+double allreduce_probe_latency_seconds(runtime::Communicator& comm, const torch::Device& device,
+                                       int repeats) {
+  if (comm.world_size() < 2) return 0.0;
+  auto buffer = torch::ones({1}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  std::vector<double> seconds;
+  for (int i = 0; i <= repeats; ++i) {
+    comm.barrier();
+    const auto start = util::SteadyClock::now();
+    comm.allreduce(buffer, runtime::ReduceOp::kSum);
+    buffer[0].item<float>();
+    if (i > 0) seconds.push_back(util::seconds_since(start));
+  }
+  const double rounds = std::ceil(std::log2(static_cast<double>(comm.world_size())));
+  return comm.max(summarize(seconds).p50) / std::max(1.0, rounds);
+}
+
+GradientSyncOptions gradient_sync_options_from(const TrainConfig& config, double bucket_mb) {
+  GradientSyncOptions options;
+  options.bucket_mb = bucket_mb;
+  options.bf16 = config.bf16_allreduce;
+  options.skip_allreduce = config.no_comm;
+  return options;
+}
+
+double gradient_bucket_mb(const TrainConfig& config, runtime::Communicator& comm,
+                          const std::vector<NamedTensor>& parameters, const torch::Device& device,
+                          RunLog& log) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  if (config.bucket_mb > 0) return config.bucket_mb;
+  if (comm.world_size() < 2 || config.no_comm) return kAutoBucketMaxMiB;
+  const double wire = config.bf16_allreduce ? 0.5 : 1.0;  // bytes sent per float32 byte
+  int64_t gradient_bytes = 0;
+  for (const auto& parameter : parameters) gradient_bytes += parameter.tensor.numel() * 4;
+  const auto probe_bytes = static_cast<int64_t>(
+      std::min(kAutoBucketMaxMiB * kMiB, static_cast<double>(gradient_bytes)) * wire);
+  comm.tune_allreduce(probe_bytes);
+  const double gbps = allreduce_probe_bus_gbps(comm, probe_bytes, device, /*repeats=*/3);
+  // The auto size is in bytes sent; --bucket-mb counts float32 gradient bytes.
+  const double mib = std::min(kAutoBucketMaxMiB,
+                              auto_bucket_bytes(Fabric{"measured", gbps, 0.0, ""}) / wire / kMiB);
+  char line[200];
+  std::snprintf(line, sizeof(line),
+                "gradient buckets: --bucket-mb 0 (auto): %.1f MiB, %.0f ms at the %.3g GB/s bus "
+                "bandwidth measured at %.1f MB",
+                mib, 1e3 * kAutoBucketSeconds, gbps, probe_bytes / 1e6);
+  log.info(line);
+  return mib;
+}
+
+AllreduceProbe allreduce_probe_for(const TrainConfig& config, runtime::Communicator& comm,
+                                   const GradientSynchronizer& gradients,
+                                   const torch::Device& device) {
+  AllreduceProbe probe;
+  const auto sizes = gradients.bucket_bytes();
+  probe.bytes = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
+  if (!config.no_comm) probe.tuning = comm.tune_allreduce(probe.bytes);
+  if (config.phase_timers && !config.no_comm) {
+    probe.bus_gbps = allreduce_probe_bus_gbps(comm, probe.bytes, device);
+    probe.latency_seconds = allreduce_probe_latency_seconds(comm, device);
+  }
+  return probe;
+}
+
+}  // namespace vqa::train
