@@ -23,6 +23,8 @@ using vqa::runtime::ReduceOp;
 
 namespace {
 
+enum class BufferDevice { kCpu, kCuda };
+
 struct BenchConfig {
   std::string min_bytes = "4";
   std::string max_bytes = "64M";
@@ -32,9 +34,9 @@ struct BenchConfig {
   int rounds = 5;
   std::string dtype = "float";
   std::string op = "sum";
-  std::string backend = "auto";
-  std::string mpi_allreduce = "ring";
-  std::string device = "cpu";
+  vqa::runtime::Backend backend = vqa::runtime::Backend::kAuto;
+  vqa::runtime::MpiAllreduce mpi_allreduce = vqa::runtime::MpiAllreduce::kRing;
+  BufferDevice device = BufferDevice::kCpu;
   bool check = true;
   bool compare_raw = true;
 };
@@ -142,14 +144,15 @@ int main(int argc, char** argv) {
       .add_choice("op,o", &config.op,
                   "reduction: sum or avg (sum, then divide by the number of ranks)", {"sum", "avg"})
       .add_choice("backend", &config.backend, "communicator: auto (from --device), mpi or nccl",
-                  {"auto", "mpi", "nccl"})
+                  vqa::runtime::kBackendNames)
       .add_choice("mpi-allreduce", &config.mpi_allreduce,
                   "the MPI backend's algorithm for buffers of 64 KiB and more: ring (the "
                   "project's pipelined ring) or library (MPI_Allreduce)",
-                  {"ring", "library"})
+                  vqa::runtime::kMpiAllreduceNames)
       .add_choice("device", &config.device,
                   "where the buffer lives: cpu or cuda (the only visible GPU, or the local rank's)",
-                  {"cpu", "cuda"})
+                  vqa::util::ModeNames<BufferDevice>{{"cpu", BufferDevice::kCpu},
+                                                     {"cuda", BufferDevice::kCuda}})
       .add("check,c", &config.check,
            "verify every size's result (true) or not (false); wrong elements make the exit "
            "status 1")
@@ -191,18 +194,11 @@ int main(int argc, char** argv) {
 
 int run_bench(const BenchConfig& config, int64_t min_bytes, int64_t max_bytes,
               const vqa::runtime::RankInfo& info) {
-  const torch::Device device(config.device == "cuda" ? torch::kCUDA : torch::kCPU,
-                             config.device == "cuda" ? vqa::runtime::cuda_device_for(info) : -1);
-  vqa::runtime::Backend backend = vqa::runtime::Backend::kAuto;
-  vqa::runtime::MpiAllreduce mpi_allreduce = vqa::runtime::MpiAllreduce::kRing;
-  try {
-    backend = vqa::runtime::backend_from_string(config.backend);
-    mpi_allreduce = vqa::runtime::mpi_allreduce_from_string(config.mpi_allreduce);
-  } catch (const std::exception& e) {
-    vqa::runtime::fatal_user_error(e.what());
-  }
+  const bool cuda = config.device == BufferDevice::kCuda;
+  const torch::Device device(cuda ? torch::kCUDA : torch::kCPU,
+                             cuda ? vqa::runtime::cuda_device_for(info) : -1);
   torch::set_num_threads(1);
-  auto comm = vqa::runtime::communicator_create(backend, device, mpi_allreduce);
+  auto comm = vqa::runtime::communicator_create(config.backend, device, config.mpi_allreduce);
   const auto dtype = config.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   const ReduceOp op = config.op == "avg" ? ReduceOp::kAverage : ReduceOp::kSum;
   const bool raw = config.compare_raw && comm->backend() == vqa::runtime::Backend::kMpi &&
@@ -215,8 +211,10 @@ int run_bench(const BenchConfig& config, int64_t min_bytes, int64_t max_bytes,
     std::printf(
         "# vqa_allreduce_bench: %d ranks, backend %s (%s allreduce), device %s, %d warm-up + %d "
         "x %d timed iterations per size (median round)\n",
-        n, vqa::runtime::backend_name(comm->backend()),
-        comm->backend() == vqa::runtime::Backend::kMpi ? config.mpi_allreduce.c_str() : "nccl",
+        n, vqa::runtime::backend_name(comm->backend()).c_str(),
+        comm->backend() == vqa::runtime::Backend::kMpi
+            ? vqa::runtime::mpi_allreduce_name(config.mpi_allreduce).c_str()
+            : "nccl",
         device.str().c_str(), config.warmup_iters, config.rounds, config.iters);
     std::printf(
         "# time = blocking allreduce; async = allreduce_async + wait (progress thread);\n"

@@ -24,7 +24,7 @@ struct BenchOptions {
   int prefetch = 2;
   double compute_ms = 20.0;
   int64_t epochs = 2;
-  std::string augment = "none";
+  vqa::data::Augment augment = vqa::data::Augment::kNone;
   int augment_threads = 1;
 };
 
@@ -42,7 +42,7 @@ bool parse_options(int argc, char** argv, int rank, BenchOptions& options) {
       .add_choice("augment", &options.augment,
                   "vqa_train's --augment: none, or resized-crop (M3AE's random resized crop, "
                   "scale 0.9..1, ratio 3/4..4/3)",
-                  {"none", "resized-crop"})
+                  vqa::data::kAugmentNames)
       .add("augment-threads", &options.augment_threads, "crop threads per rank",
            vqa::util::Range{1, 1024});
   try {
@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
     loader_options.prefetch_depth = options.prefetch;
     loader_options.rank = rank.rank;
     loader_options.world_size = rank.world_size;
-    loader_options.random_resized_crop = options.augment == "resized-crop";
+    loader_options.random_resized_crop = options.augment == vqa::data::Augment::kResizedCrop;
     loader_options.augment_threads = options.augment_threads;
     vqa::data::ShardedLoader loader(options.data, options.split, loader_options);
     dataset_size = loader.info().num_questions;
@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
         static_cast<long>(options.epochs), static_cast<long>(steps), total_samples / slowest,
         100.0 * worst_wait / slowest, steps ? 1e3 * worst_wait / steps : 0.0);
     const double per_rank = total_samples / slowest / rank.world_size;
-    if (options.augment == "resized-crop") {
+    if (options.augment == vqa::data::Augment::kResizedCrop) {
       std::printf(
           "random resized crop to %ld px on %d crop thread(s) per rank: %.1f samples/s per rank, "
           "%.1f per crop thread\n",

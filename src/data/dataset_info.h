@@ -7,7 +7,19 @@
 #include <string>
 #include <vector>
 
+#include "util/mode_names.h"  // ModeNames
+
 namespace vqa::data {
+
+// A file's two question sets; split_name gives their HDF5 groups.
+enum class Split { kTrain, kTest };
+inline const char* split_name(Split split) { return split == Split::kTrain ? "train" : "test"; }
+
+// Train-time augmentation (--augment): none, or M3AE's random resized crop
+// of each sample's source image (LoaderOptions::random_resized_crop).
+enum class Augment { kNone, kResizedCrop };
+inline const util::ModeNames<Augment> kAugmentNames = {{"none", Augment::kNone},
+                                                       {"resized-crop", Augment::kResizedCrop}};
 
 // Token ids with a role, as the file records them (FORMAT.md). The defaults
 // are the word tokenizer's (and every version-1 file's).

@@ -9,26 +9,6 @@
 
 namespace vqa::runtime {
 
-Backend backend_from_string(const std::string& name) {
-  if (name == "auto") return Backend::kAuto;
-  if (name == "mpi") return Backend::kMpi;
-  if (name == "nccl") return Backend::kNccl;
-  throw std::invalid_argument("unknown communicator backend '" + name +
-                              "' (expected auto, mpi or nccl)");
-}
-
-const char* backend_name(Backend backend) {
-  switch (backend) {
-    case Backend::kAuto:
-      return "auto";
-    case Backend::kMpi:
-      return "mpi";
-    case Backend::kNccl:
-      return "nccl";
-  }
-  return "?";
-}
-
 Backend backend_for_device(const torch::Device& device) {
   return device.is_cuda() ? Backend::kNccl : Backend::kMpi;
 }
@@ -84,17 +64,6 @@ int cuda_device_for(const RankInfo& info) {
         ", visible devices " + std::to_string(visible) + "): " + choice.problem);
   }
   return choice.index;
-}
-
-MpiAllreduce mpi_allreduce_from_string(const std::string& name) {
-  if (name == "ring") return MpiAllreduce::kRing;
-  if (name == "library") return MpiAllreduce::kLibrary;
-  throw std::invalid_argument("unknown MPI allreduce algorithm '" + name +
-                              "' (expected ring or library)");
-}
-
-const char* mpi_allreduce_name(MpiAllreduce algorithm) {
-  return algorithm == MpiAllreduce::kRing ? "ring" : "library";
 }
 
 std::unique_ptr<Communicator> communicator_create(Backend requested, const torch::Device& device,

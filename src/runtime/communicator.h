@@ -11,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/types.h"  // RankInfo, ScalarOp, TrainingPosition
+#include "runtime/types.h"    // RankInfo, ScalarOp, TrainingPosition
+#include "util/mode_names.h"  // ModeNames, mode_name
 
 namespace vqa::runtime {
 
@@ -23,12 +24,15 @@ enum class Backend { kAuto, kMpi, kNccl };
 // fabric). Buffers under 64 KiB always use the library's.
 enum class MpiAllreduce { kRing, kLibrary };
 
-// "auto" | "mpi" | "nccl"; throws std::invalid_argument on anything else.
-Backend backend_from_string(const std::string& name);
-const char* backend_name(Backend backend);
-// "ring" | "library"; throws std::invalid_argument on anything else.
-MpiAllreduce mpi_allreduce_from_string(const std::string& name);
-const char* mpi_allreduce_name(MpiAllreduce algorithm);
+// The modes' texts (--backend, --mpi-allreduce).
+inline const util::ModeNames<Backend> kBackendNames = {
+    {"auto", Backend::kAuto}, {"mpi", Backend::kMpi}, {"nccl", Backend::kNccl}};
+inline const util::ModeNames<MpiAllreduce> kMpiAllreduceNames = {
+    {"ring", MpiAllreduce::kRing}, {"library", MpiAllreduce::kLibrary}};
+inline std::string backend_name(Backend backend) { return util::mode_name(backend, kBackendNames); }
+inline std::string mpi_allreduce_name(MpiAllreduce algorithm) {
+  return util::mode_name(algorithm, kMpiAllreduceNames);
+}
 
 // The backend that serves tensors on `device`: NCCL for CUDA, MPI for CPU.
 Backend backend_for_device(const torch::Device& device);

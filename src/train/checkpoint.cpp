@@ -213,23 +213,28 @@ void remove_stale_files(const fs::path& directory) {
   for (const auto& path : stale) fs::remove(path, error);
 }
 
-void remove_checkpoint(const fs::path& path) {
+void remove_checkpoint(const fs::path& path, RunLog* log) {
   std::error_code error;
   // The file first: a sidecar alone is harmless, a file alone unverifiable.
   fs::remove(path, error);
   if (!error) fs::remove(checkpoint_sidecar_path(path.string()), error);
-  if (error) {
-    std::fprintf(stderr, "[vqa] warning: cannot remove old checkpoint %s: %s\n",
-                 path.string().c_str(), error.message().c_str());
+  if (!error) return;
+  const std::string warning =
+      "cannot remove old checkpoint " + path.string() + ": " + error.message();
+  if (log) {
+    log->warn(warning);
+  } else {
+    std::fprintf(stderr, "[vqa] warning: %s\n", warning.c_str());
   }
 }
 
 // Keeps the newest `keep` checkpoints and `just_written`; 0 keeps all.
-void rotate_checkpoints(const fs::path& directory, int64_t keep, const std::string& just_written) {
+void rotate_checkpoints(const fs::path& directory, int64_t keep, const std::string& just_written,
+                        RunLog* log) {
   if (keep <= 0) return;
   const auto files = checkpoint_files(directory);
   for (size_t i = static_cast<size_t>(keep); i < files.size(); ++i) {
-    if (files[i].name != just_written) remove_checkpoint(directory / files[i].name);
+    if (files[i].name != just_written) remove_checkpoint(directory / files[i].name, log);
   }
 }
 
@@ -278,7 +283,7 @@ CheckpointCheck checkpoint_verify(const std::string& path) {
 
 std::string checkpoint_save(const std::string& out_dir, model::M3AE& model, VqaOptimizer& optimizer,
                             const TrainState& state, const std::string& config_ini,
-                            int keep_checkpoints) {
+                            int keep_checkpoints, RunLog* log) {
   const fs::path directory = fs::path(out_dir) / "checkpoints";
   std::error_code error;
   fs::create_directories(directory, error);
@@ -315,7 +320,7 @@ std::string checkpoint_save(const std::string& out_dir, model::M3AE& model, VqaO
   } catch (const std::exception& e) {
     fail_write("checkpoint " + path, e.what(), directory);
   }
-  rotate_checkpoints(directory, keep_checkpoints, name);
+  rotate_checkpoints(directory, keep_checkpoints, name, log);
   return path;
 }
 

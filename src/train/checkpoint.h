@@ -48,10 +48,11 @@ constexpr int kExitCheckpointWriteFailed = 74;
 // inside. Returns the path. Rank 0 only. A failed write (full disk, quota, I/O error)
 // removes its temporary files and ends the job on every rank with exit status
 // kExitCheckpointWriteFailed and a message naming the file, the error and the
-// last good checkpoint, which stays as it was.
+// last good checkpoint, which stays as it was. An old checkpoint that cannot
+// be removed is a warning in `log` (stderr without one).
 std::string checkpoint_save(const std::string& out_dir, model::M3AE& model, VqaOptimizer& optimizer,
                             const TrainState& state, const std::string& config_ini,
-                            int keep_checkpoints);
+                            int keep_checkpoints, RunLog* log = nullptr);
 
 // <out>/best_model.pt and its sidecar: the model (and state) of the best epoch
 // so far. Failures end the job as in checkpoint_save.

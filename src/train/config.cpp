@@ -44,7 +44,7 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
           "sample's image is torchvision's RandomResizedCrop of its source image, then Pillow's "
           "bicubic to the file's image size; the same crop for a sample on any number of ranks "
           "and after a resume; needs a file made with vqa_prep convert --keep-source-images)",
-          {"none", "resized-crop"})
+          data::kAugmentNames)
       .add("crop-scale-min", &c.crop_scale_min,
            "resized-crop: smallest crop area, as a share of the image's area",
            util::Range{0, 1, true})
@@ -91,17 +91,19 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
           "optimizer-recipe", &c.optimizer_recipe,
           "vqa-hpc (groups by the model's parts, LibTorch's AdamW) | m3ae (M3AE's groups and "
           "decay rules by its parameter names, transformers' AdamW, floor(ratio) warm-up)",
-          {"vqa-hpc", "m3ae"})
+          kOptimizerRecipeNames)
       .add("seed", &c.seed, "seed for initialisation, shuffling and dropout")
-      .add_choice("device", &c.device, "auto | cpu | cuda (GPU = local rank)",
-                  {"auto", "cpu", "cuda"})
+      .add_choice("device", &c.device,
+                  "auto (cuda when a GPU is usable) | cpu | cuda (the only visible GPU, or the "
+                  "local rank's)",
+                  kDeviceModeNames)
       .add_choice("backend", &c.backend, "gradient communicator: auto (from --device) | mpi | nccl",
-                  {"auto", "mpi", "nccl"})
+                  runtime::kBackendNames)
       .add_choice(
           "mpi-allreduce", &c.mpi_allreduce,
           "how the MPI backend averages gradient buckets: ring (pipelined ring over "
           "point-to-point messages, full duplex) | library (the MPI library's MPI_Allreduce)",
-          {"ring", "library"})
+          runtime::kMpiAllreduceNames)
       .add("threads", &c.threads, "CPU threads per rank (0: host cores / ranks on the host)",
            util::Range{0, 1024})
       .add("bucket-mb", &c.bucket_mb,
@@ -115,7 +117,7 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
           "on GPU with dynamic loss scaling as PyTorch's GradScaler: scale 2^16, halved and the "
           "step skipped on an overflow, doubled after --loss-scale-interval finite steps; on "
           "the CPU the loss scaler runs around float32 compute)",
-          {"fp32", "bf16", "fp16"})
+          kPrecisionNames)
       .add("loss-scale-interval", &c.loss_scale_interval,
            "fp16: finite optimiser steps in a row before the loss scale doubles",
            util::Range{1, 1e9})
@@ -142,7 +144,7 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
       .add_choice("progress", &c.progress,
                   "progress bar on rank 0: auto (stdout is a terminal and not under mpirun, whose "
                   "ranks always get a pseudo-terminal) | on | off",
-                  {"auto", "on", "off"})
+                  kProgressNames)
       .add("phase-timers", &c.phase_timers,
            "time each step's phases on every rank; epoch summary and diagnosis on rank 0")
       .add("timeline", &c.timeline,
@@ -160,7 +162,7 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
           "nonfinite", &c.nonfinite,
           "a non-finite loss or gradient: stop (end the job naming the step and the first bad "
           "parameter) | skip (drop that optimiser step, warn) | off (no check)",
-          {"stop", "skip", "off"})
+          kNonFiniteNames)
       .add("test-nan-step", &c.faults.nan_step,
            "testing only: rank 1 (rank 0 when alone) gets a NaN loss at this optimiser step",
            util::Range{-1, 1e12})
@@ -307,12 +309,12 @@ void config_finalize(TrainConfig& c, int world_size) {
         c.project_fabric + "'");
   }
   if (c.bf16_autocast) {
-    if (c.precision == "fp16") {
+    if (c.precision == Precision::kFp16) {
       fatal_user_error("--bf16-autocast (= --precision bf16) contradicts --precision fp16");
     }
-    c.precision = "bf16";
+    c.precision = Precision::kBf16;
   }
-  c.bf16_autocast = c.precision == "bf16";
+  c.bf16_autocast = c.precision == Precision::kBf16;
   if (c.faults.aten_fused_adamw && !aten_fused_adamw_available()) {
     fatal_user_error(std::string("--test-aten-fused-adamw needs LibTorch 2.4 or later; this is ") +
                      TORCH_VERSION);

@@ -7,9 +7,32 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/watchdog.h"  // kDefaultCollectiveTimeoutSeconds
+#include "data/dataset_info.h"     // Augment and its names
+#include "runtime/communicator.h"  // Backend, MpiAllreduce and their names
+#include "runtime/watchdog.h"      // kDefaultCollectiveTimeoutSeconds
+#include "util/mode_names.h"       // ModeNames
 
 namespace vqa::train {
+
+// The job's modes, each parsed once from its text (the tables below) and
+// compared as an enum from then on.
+// vqa-hpc: groups by the model's parts, LibTorch's AdamW; m3ae: M3AE's groups
+// and decay rules by parameter name, transformers' AdamW (optimizer.h).
+enum class OptimizerRecipe { kVqaHpc, kM3ae };
+inline const util::ModeNames<OptimizerRecipe> kOptimizerRecipeNames = {
+    {"vqa-hpc", OptimizerRecipe::kVqaHpc}, {"m3ae", OptimizerRecipe::kM3ae}};
+enum class DeviceMode { kAuto, kCpu, kCuda };
+inline const util::ModeNames<DeviceMode> kDeviceModeNames = {
+    {"auto", DeviceMode::kAuto}, {"cpu", DeviceMode::kCpu}, {"cuda", DeviceMode::kCuda}};
+enum class Precision { kFp32, kBf16, kFp16 };
+inline const util::ModeNames<Precision> kPrecisionNames = {
+    {"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}};
+enum class Progress { kAuto, kOn, kOff };
+inline const util::ModeNames<Progress> kProgressNames = {
+    {"auto", Progress::kAuto}, {"on", Progress::kOn}, {"off", Progress::kOff}};
+enum class NonFinite { kStop, kSkip, kOff };
+inline const util::ModeNames<NonFinite> kNonFiniteNames = {
+    {"stop", NonFinite::kStop}, {"skip", NonFinite::kSkip}, {"off", NonFinite::kOff}};
 
 // Test-only fault injection, for the tests of the diagnosis, of non-finite
 // values and of preemption; settable from the command line (--test-*) like
@@ -33,7 +56,7 @@ struct TrainConfig {
   bool trim_text_padding = true;  // cut each batch's text to its longest question
   // Train-time augmentation: none | resized-crop (M3AE's clip_resizedcrop:
   // RandomResizedCrop of the source images with these ranges, bicubic).
-  std::string augment = "none";
+  data::Augment augment = data::Augment::kNone;
   double crop_scale_min = 0.9, crop_scale_max = 1.0;
   double crop_ratio_min = 3.0 / 4.0, crop_ratio_max = 4.0 / 3.0;
   int augment_threads = 0;  // crop threads per rank and batch; 0: as many as --threads
@@ -51,20 +74,20 @@ struct TrainConfig {
   double lr_head_multiplier = 50.0;
   double weight_decay = 0.01;
   double warmup_ratio = 0.1;
-  double grad_clip = 0.0;                    // max global gradient norm; 0: off
-  std::string optimizer_recipe = "vqa-hpc";  // vqa-hpc | m3ae (optimizer.h)
+  double grad_clip = 0.0;  // max global gradient norm; 0: off
+  OptimizerRecipe optimizer_recipe = OptimizerRecipe::kVqaHpc;
   uint64_t seed = 42;
   // distributed
-  std::string device = "auto";         // auto | cpu | cuda
-  std::string backend = "auto";        // auto | mpi | nccl
-  std::string mpi_allreduce = "ring";  // ring | library (runtime::MpiAllreduce)
-  int threads = 0;                     // CPU threads per rank; 0: host cores / ranks on the host
-  double bucket_mb = 0.0;              // 0: auto, from the start-up probe (gradient_bucket_mb)
+  DeviceMode device = DeviceMode::kAuto;
+  runtime::Backend backend = runtime::Backend::kAuto;
+  runtime::MpiAllreduce mpi_allreduce = runtime::MpiAllreduce::kRing;
+  int threads = 0;         // CPU threads per rank; 0: host cores / ranks on the host
+  double bucket_mb = 0.0;  // 0: auto, from the start-up probe (gradient_bucket_mb)
   bool bf16_allreduce = false;
   bool bf16_autocast = false;  // the older spelling of precision = "bf16"
-  // fp32 | bf16 (bfloat16 autocast, GPU) | fp16 (float16 autocast on GPU
-  // with dynamic loss scaling; on the CPU the loss scaler around float32)
-  std::string precision = "fp32";
+  // bf16: bfloat16 autocast, GPU; fp16: float16 autocast on GPU with dynamic
+  // loss scaling (on the CPU the loss scaler around float32)
+  Precision precision = Precision::kFp32;
   int64_t loss_scale_interval = 2000;  // fp16: finite steps before the scale doubles
   bool packed_attention = false;       // one GEMM for q, k, v (measured slower on CPU: README)
   bool no_comm = false;  // benchmark only: skip the gradient allreduce (ranks diverge)
@@ -72,16 +95,16 @@ struct TrainConfig {
   // loop, evaluation, output
   int eval_every = 1;
   int save_every = 1;
-  int keep_checkpoints = 3;             // newest checkpoints kept in <out>/checkpoints; 0: all
-  int64_t max_steps_per_epoch = 0;      // 0: whole epoch (benchmarks cap it)
-  int64_t log_every_steps = 0;          // 0: only per-epoch lines
-  std::string progress = "auto";        // auto | on | off: the in-place progress bar on rank 0
-  bool phase_timers = true;             // per-step phase timers, epoch summary and diagnosis
-  std::string timeline;                 // Chrome trace-event JSON file; "" none
-  std::string project_fabric = "auto";  // projection's fabric: auto | preset | GBPS:LATENCYUS
-  int64_t timeline_first_step = 10;     // first global optimiser step in the timeline
-  int64_t timeline_steps = 5;           // optimiser steps in the timeline
-  std::string nonfinite = "stop";       // stop | skip | off: a non-finite loss or gradient
+  int keep_checkpoints = 3;                // newest checkpoints kept in <out>/checkpoints; 0: all
+  int64_t max_steps_per_epoch = 0;         // 0: whole epoch (benchmarks cap it)
+  int64_t log_every_steps = 0;             // 0: only per-epoch lines
+  Progress progress = Progress::kAuto;     // the in-place progress bar on rank 0
+  bool phase_timers = true;                // per-step phase timers, epoch summary and diagnosis
+  std::string timeline;                    // Chrome trace-event JSON file; "" none
+  std::string project_fabric = "auto";     // projection's fabric: auto | preset | GBPS:LATENCYUS
+  int64_t timeline_first_step = 10;        // first global optimiser step in the timeline
+  int64_t timeline_steps = 5;              // optimiser steps in the timeline
+  NonFinite nonfinite = NonFinite::kStop;  // a non-finite loss or gradient
   std::string out = "runs/quickstart";
   std::string resume;       // "" none, "auto" latest in --out, or a checkpoint file
   std::string init_from;    // weights to start from: M3AE .safetensors, or a vqa-hpc .pt
@@ -99,7 +122,9 @@ struct TrainConfig {
 
   // The forward's autocast dtype on GPU: kBFloat16, kHalf, or kFloat (none).
   at::ScalarType autocast_dtype() const {
-    return precision == "bf16" ? at::kBFloat16 : precision == "fp16" ? at::kHalf : at::kFloat;
+    return precision == Precision::kBf16   ? at::kBFloat16
+           : precision == Precision::kFp16 ? at::kHalf
+                                           : at::kFloat;
   }
 };
 

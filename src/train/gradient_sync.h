@@ -31,8 +31,11 @@ struct NamedTensor {
   torch::Tensor tensor;
 };
 
+// PyTorch DDP's default bucket_cap_mb.
+constexpr double kDefaultBucketMiB = 25.0;
+
 struct GradientSyncOptions {
-  double bucket_mb = 25.0;
+  double bucket_mb = kDefaultBucketMiB;
   bool bf16 = false;            // send gradients as bfloat16
   bool skip_allreduce = false;  // benchmarks of exposed communication only: no communication
 };

@@ -57,8 +57,9 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
   // ---- data -----------------------------------------------------------------
   // Node-local copies that differ would hang the collective HDF5 open.
   train::require_same_files_on_all_ranks({config.train_data, config.test_data});
-  auto train_loader = train::open_loader(config.train_data, "train", config, rank, device);
-  auto test_loader = train::open_loader(config.test_data, "test", config, rank, device);
+  auto train_loader =
+      train::open_loader(config.train_data, data::Split::kTrain, config, rank, device);
+  auto test_loader = train::open_loader(config.test_data, data::Split::kTest, config, rank, device);
   train::require_same_setting_on_all_ranks(
       "dataset", train_loader.info().identity + "|" + test_loader.info().identity);
   const int64_t steps_per_epoch = train::steps_per_epoch_or_exit(train_loader, config);
@@ -70,9 +71,7 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
   model::set_packed_projections(*model, config.packed_attention);
   const std::string initialized_from = train::init_model_if_asked(config, model, log);
   model->to(device);
-  auto comm =
-      runtime::communicator_create(runtime::backend_from_string(config.backend), device,
-                                   runtime::mpi_allreduce_from_string(config.mpi_allreduce));
+  auto comm = runtime::communicator_create(config.backend, device, config.mpi_allreduce);
   train::broadcast_module_state(*model, *comm);
   train::VqaOptimizer optimizer(
       model, train::optimizer_settings_from(config, steps_per_epoch * config.epochs));

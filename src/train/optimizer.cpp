@@ -121,16 +121,6 @@ void adamw_update_fused(float* parameter, const float* gradient, float* exp_avg,
   });
 }
 
-OptimizerRecipe optimizer_recipe_from_string(const std::string& name) {
-  if (name == "vqa-hpc") return OptimizerRecipe::kVqaHpc;
-  if (name == "m3ae") return OptimizerRecipe::kM3ae;
-  throw std::invalid_argument("unknown optimizer recipe '" + name + "' (expected vqa-hpc or m3ae)");
-}
-
-const char* optimizer_recipe_name(OptimizerRecipe recipe) {
-  return recipe == OptimizerRecipe::kM3ae ? "m3ae" : "vqa-hpc";
-}
-
 double linear_schedule_factor(int64_t step, int64_t warmup, int64_t total) {
   if (step < warmup) return static_cast<double>(step) / std::max<int64_t>(1, warmup);
   return std::max(0.0, static_cast<double>(total - step) / std::max<int64_t>(1, total - warmup));

@@ -33,14 +33,10 @@
 #include <string>
 #include <vector>
 
-#include "model/m3ae.h"  // M3AE, model_parameter_groups
+#include "model/m3ae.h"    // M3AE, model_parameter_groups
+#include "train/config.h"  // OptimizerRecipe
 
 namespace vqa::train {
-
-enum class OptimizerRecipe { kVqaHpc, kM3ae };
-// "vqa-hpc" | "m3ae"; throws std::invalid_argument naming the value otherwise.
-OptimizerRecipe optimizer_recipe_from_string(const std::string& name);
-const char* optimizer_recipe_name(OptimizerRecipe recipe);
 
 struct OptimizerSettings {
   OptimizerRecipe recipe = OptimizerRecipe::kVqaHpc;

@@ -201,7 +201,7 @@ void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const 
     if (config.save_every > 0 &&
         ((epoch + 1) % config.save_every == 0 || epoch + 1 == config.epochs)) {
       checkpoint_save(config.out, parts.model, parts.optimizer, state, config_ini,
-                      config.keep_checkpoints);
+                      config.keep_checkpoints, &parts.log);
     }
   }
   parts.comm.barrier();
@@ -215,7 +215,7 @@ int stop_with_checkpoint(TrainingParts& parts, int signal, const std::string& co
   if (parts.comm.rank() == 0) {
     require_finite_weights(parts.model, "the stop checkpoint");
     path = checkpoint_save(parts.config.out, parts.model, parts.optimizer, state, config_ini,
-                           parts.config.keep_checkpoints);
+                           parts.config.keep_checkpoints, &parts.log);
   }
   parts.comm.barrier();
   parts.log.info(std::string("stopped by ") + runtime::stop_signal_name(signal) + " at epoch " +

@@ -22,7 +22,7 @@ namespace vqa::train {
 
 torch::Device setup_device(const TrainConfig& config, const runtime::RankInfo& rank) {
   const bool gpu = torch::cuda::is_available() && runtime::cuda_device_count() > 0;
-  if (config.device == "cuda" && !gpu) {
+  if (config.device == DeviceMode::kCuda && !gpu) {
     runtime::fatal_user_error(
         "--device cuda, but this LibTorch build or host has no usable CUDA "
         "device (torch::cuda::is_available() is false)");
@@ -33,7 +33,7 @@ torch::Device setup_device(const TrainConfig& config, const runtime::RankInfo& r
     threads = std::max(1, cores / std::max(1, rank.local_size));
   }
   torch::set_num_threads(threads);
-  if (config.device == "cuda" || (config.device == "auto" && gpu)) {
+  if (config.device == DeviceMode::kCuda || (config.device == DeviceMode::kAuto && gpu)) {
     const int index = runtime::cuda_device_for(rank);
     const auto choice =
         runtime::cuda_device_choice(runtime::cuda_device_count(), rank.local_rank, rank.local_size);
@@ -48,7 +48,7 @@ torch::Device setup_device(const TrainConfig& config, const runtime::RankInfo& r
 std::unique_ptr<LossScaler> setup_loss_scaler(const TrainConfig& config,
                                               const torch::Device& device, const TrainState& state,
                                               RunLog& log) {
-  if (config.precision != "fp16") return nullptr;
+  if (config.precision != Precision::kFp16) return nullptr;
   LossScalerOptions options;
   options.growth_interval = config.loss_scale_interval;
   auto scaler = std::make_unique<LossScaler>(device, options);
@@ -90,7 +90,7 @@ model::ModelConfig setup_model_config(const TrainConfig& config, const data::Dat
     runtime::fatal_user_error("--hidden " + std::to_string(model.hidden) +
                               " is not divisible by --heads " + std::to_string(model.heads));
   }
-  if (dataset.has_features && config.optimizer_recipe == "m3ae") {
+  if (dataset.has_features && config.optimizer_recipe == OptimizerRecipe::kM3ae) {
     runtime::fatal_user_error(
         "--optimizer-recipe m3ae follows M3AE's parameter names, which "
         "cover a model over pixels; " +
@@ -147,7 +147,7 @@ OptimizerSettings optimizer_settings_from(const TrainConfig& config, int64_t tot
   settings.weight_decay = config.weight_decay;
   settings.warmup_ratio = config.warmup_ratio;
   settings.total_steps = total_steps;
-  settings.recipe = optimizer_recipe_from_string(config.optimizer_recipe);
+  settings.recipe = config.optimizer_recipe;
   settings.aten_fused_on_cpu = config.faults.aten_fused_adamw;
   return settings;
 }
@@ -215,7 +215,7 @@ void report_run_start(const TrainingParts& parts, const data::ShardedLoader& tra
            std::to_string(config.accumulation_steps) + " accumulation step(s); " +
            std::to_string(optimizer_steps_per_epoch(train_loader, config)) +
            " optimiser steps per epoch");
-  if (config.augment == "resized-crop") {
+  if (config.augment == data::Augment::kResizedCrop) {
     log.info("augmentation: train images are random resized crops of the source images (area " +
              util::option_text(config.crop_scale_min) + ".." +
              util::option_text(config.crop_scale_max) + ", aspect " +

@@ -66,7 +66,7 @@ bool run_already_complete(const TrainConfig& config, const runtime::RankInfo& ra
 // rank, handing out pinned batches when `device` is a GPU; a bad file ends
 // the job with the loader's message (exit 2). Collective (the file is
 // opened through MPI-IO).
-data::ShardedLoader open_loader(const std::string& path, const std::string& split,
+data::ShardedLoader open_loader(const std::string& path, data::Split split,
                                 const TrainConfig& config, const runtime::RankInfo& rank,
                                 const torch::Device& device);
 

@@ -68,10 +68,10 @@ void require_same_files_on_all_ranks(const std::vector<std::string>& paths) {
       "the dataset files differ between the ranks; copy the same file to every node", identity);
 }
 
-data::ShardedLoader open_loader(const std::string& path, const std::string& split,
+data::ShardedLoader open_loader(const std::string& path, data::Split split,
                                 const TrainConfig& config, const runtime::RankInfo& rank,
                                 const torch::Device& device) {
-  const bool train = split == "train";
+  const bool train = split == data::Split::kTrain;
   data::LoaderOptions options;
   options.batch_per_rank = config.batch_per_rank;
   options.seed = config.seed;
@@ -84,13 +84,13 @@ data::ShardedLoader open_loader(const std::string& path, const std::string& spli
   options.trim_text_padding = config.trim_text_padding;
   // Evaluation stays deterministic: the test split reads the stored
   // (resized, centre-cropped) images.
-  options.random_resized_crop = train && config.augment == "resized-crop";
+  options.random_resized_crop = train && config.augment == data::Augment::kResizedCrop;
   options.crop_ranges = {config.crop_scale_min, config.crop_scale_max, config.crop_ratio_min,
                          config.crop_ratio_max};
   options.augment_threads =
       config.augment_threads > 0 ? config.augment_threads : std::max(1, at::get_num_threads());
   try {
-    return data::ShardedLoader(path, split, options);
+    return data::ShardedLoader(path, data::split_name(split), options);
   } catch (const std::exception& e) {
     runtime::fatal_user_error(e.what());
   }

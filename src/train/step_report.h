@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/communicator.h"  // Communicator
+#include "train/gradient_sync.h"   // kDefaultBucketMiB
 #include "train/projection.h"      // StepProfile, Fabric
 #include "train/step_timer.h"      // StepTimes, Summary, kPhaseCount
 
@@ -49,7 +50,7 @@ constexpr double kMinimumGainShare = 0.05;
 // what is already on.
 struct RemedySettings {
   bool bf16_allreduce = false;
-  double bucket_mb = 25.0;
+  double bucket_mb = kDefaultBucketMiB;
   int64_t batch_per_rank = 1;
   int64_t global_batch = 1;
   int64_t accumulation_steps = 1;

@@ -92,8 +92,8 @@ void gather_partial_totals(runtime::Communicator& comm, double loss_sum, int64_t
 
 // Open MPI gives every rank a pseudo-terminal even when mpirun's own output
 // goes to a file, so under it "auto" means plain lines.
-bool progress_bar_wanted(const std::string& mode) {
-  if (mode != "auto") return mode == "on";
+bool progress_bar_wanted(Progress mode) {
+  if (mode != Progress::kAuto) return mode == Progress::kOn;
   return isatty(STDOUT_FILENO) && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr &&
          std::getenv("PMI_SIZE") == nullptr;
 }
@@ -200,7 +200,7 @@ int64_t settle_deferred_skip(TrainingParts& parts, DeferredSkip& deferred, int64
   if (parts.scaler) {
     // The scale now is what that step's overflow left (read only now, rarely).
     const double scale = parts.scaler->current_scale() / parts.scaler->options().backoff_factor;
-    if (scale < kMinLossScale && config.nonfinite == "stop") {
+    if (scale < kMinLossScale && config.nonfinite == NonFinite::kStop) {
       runtime::fatal_user_error("non-finite gradient at " + where + " even at loss scale " +
                                     format_scale(scale) +
                                     ": not an fp16 overflow; stopping without a checkpoint of "
@@ -211,7 +211,7 @@ int64_t settle_deferred_skip(TrainingParts& parts, DeferredSkip& deferred, int64
                    format_scale(scale) + " -> " + format_scale(parts.scaler->current_scale()));
     return 1;
   }
-  if (config.nonfinite == "stop") {
+  if (config.nonfinite == NonFinite::kStop) {
     runtime::fatal_user_error("non-finite gradient at " + where +
                                   " (found on the device, a step later; the weights never took "
                                   "it); stopping without a checkpoint of that step. Lower --lr, "
@@ -275,7 +275,7 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
     if (parts.scaler) {
       found_inf = parts.scaler->unscale_and_check(parts.gradients.bucket_gradients());
       parts.scaler->update(found_inf);
-    } else if (config.nonfinite != "off") {
+    } else if (config.nonfinite != NonFinite::kOff) {
       found_inf = parts.gradients.nonfinite_flag();
     }
     // A skipped step's loss (NaN, perhaps) stays out of the total on the
@@ -311,7 +311,7 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
     if (overflow) {
       const std::string where =
           "epoch " + std::to_string(epoch) + " optimiser step " + std::to_string(state.global_step);
-      if (scale < kMinLossScale && config.nonfinite == "stop") {
+      if (scale < kMinLossScale && config.nonfinite == NonFinite::kStop) {
         runtime::fatal_user_error(
             "non-finite gradient at " + where + " even at loss scale " + std::to_string(scale) +
                 " (first bad parameter: " +
@@ -324,11 +324,11 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
                      format_scale(scale) + " -> " + format_scale(scale * 0.5));
       applied = false;
     }
-  } else if (config.nonfinite != "off" && !parts.gradients.gradients_finite()) {
+  } else if (config.nonfinite != NonFinite::kOff && !parts.gradients.gradients_finite()) {
     const std::string where =
         "epoch " + std::to_string(epoch) + " optimiser step " + std::to_string(state.global_step);
     const std::string first = first_nonfinite_parameter(parts.model, /*check_values=*/false);
-    if (config.nonfinite == "stop") {
+    if (config.nonfinite == NonFinite::kStop) {
       runtime::fatal_user_error(
           "non-finite gradient at " + where + " (first bad parameter: " + first +
               "); stopping without a checkpoint of this step. Lower --lr, set --grad-clip, "

@@ -10,11 +10,14 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "util/mode_names.h"  // ModeNames, mode_name
 
 namespace vqa::util {
 
@@ -83,6 +86,26 @@ class OptionTable {
   // A text option that takes one of `choices` (help lists them).
   OptionTable& add_choice(const char* name, std::string* field, const char* help,
                           std::vector<std::string> choices);
+  // A mode: the command line and the INI file give one of the texts in
+  // `names`, parse() sets the field to its value; help lists the texts, and
+  // values() prints the field's value (also when it changed after parsing).
+  template <typename Enum, typename = std::enable_if_t<std::is_enum_v<Enum>>>
+  OptionTable& add_choice(const char* name, Enum* field, const char* help, ModeNames<Enum> names) {
+    std::string& text =
+        *mode_texts_.emplace_back(std::make_unique<std::string>(mode_name(*field, names)));
+    std::vector<std::string> choices;
+    for (const auto& entry : names) choices.push_back(entry.first);
+    add_choice(name, &text, help, std::move(choices));
+    printers_.back().second = [field, names] { return mode_name(*field, names); };
+    // After add_choice's check has refused any other text.
+    check(name, [field, &text, names]() -> std::string {
+      for (const auto& [entry_text, value] : names) {
+        if (entry_text == text) *field = value;
+      }
+      return "";
+    });
+    return *this;
+  }
   // An option that must be given.
   template <typename T>
   OptionTable& add_required(const char* name, T* field, const char* help) {
@@ -125,6 +148,7 @@ class OptionTable {
   std::vector<std::pair<std::string, std::function<std::string()>>> printers_;
   std::vector<std::string> not_saved_;
   std::vector<std::pair<std::string, std::function<std::string()>>> checks_;
+  std::vector<std::unique_ptr<std::string>> mode_texts_;  // the texts modes are parsed into
 };
 
 }  // namespace vqa::util

@@ -138,8 +138,8 @@ TEST(Distributed, BroadcastBytesAndGatherStrings) {
 TEST(Backends, ChoiceFollowsTheDevice) {
   EXPECT_EQ(vqa::runtime::backend_for_device(torch::kCPU), Backend::kMpi);
   EXPECT_EQ(vqa::runtime::backend_for_device(torch::Device(torch::kCUDA, 0)), Backend::kNccl);
-  EXPECT_EQ(vqa::runtime::backend_from_string("nccl"), Backend::kNccl);
-  EXPECT_THROW(vqa::runtime::backend_from_string("gloo"), std::invalid_argument);
+  EXPECT_EQ(vqa::runtime::backend_name(Backend::kNccl), "nccl");
+  EXPECT_EQ(vqa::runtime::mpi_allreduce_name(vqa::runtime::MpiAllreduce::kLibrary), "library");
 }
 
 // Device selection's decision table: visible devices x ranks on the host.

@@ -277,7 +277,7 @@ TEST(Optimizer, AtenFusedStepMatchesTheCpuPassAndSkipsOnTheDeviceFlag) {
   }
   for (const auto recipe :
        {vqa::train::OptimizerRecipe::kVqaHpc, vqa::train::OptimizerRecipe::kM3ae}) {
-    SCOPED_TRACE(vqa::train::optimizer_recipe_name(recipe));
+    SCOPED_TRACE(vqa::util::mode_name(recipe, vqa::train::kOptimizerRecipeNames));
     vqa::model::M3AE aten_model = tiny_m3ae_model();
     vqa::model::M3AE cpu_model = tiny_m3ae_model();
     {
