@@ -21,7 +21,7 @@
 #               cannot be installed: it depends on nvidia-cudnn, which
 #               downloads cuDNN from NVIDIA.
 #   cuda-build  configure with -DVQA_WITH_NCCL=ON against the CUDA LibTorch,
-#               compile and link every target, and check that the CUDA code
+#               compile and link every target (or VQA_LT2_CUDA_TARGETS), and check that the CUDA code
 #               paths were compiled (no GPU: nothing runs)
 #
 # Settings (environment):
@@ -31,6 +31,7 @@
 #   VQA_LT2_MIRROR  Debian mirror (default http://deb.debian.org/debian)
 #   VQA_LT2_JOBS    parallel compile jobs (default 2)
 #   VQA_LT2_TARGETS cpu-build builds only these targets (e.g. "test_model"; default all)
+#   VQA_LT2_CUDA_TARGETS  cuda-build likewise (default all)
 #   VQA_LT2_CTEST   extra ctest arguments for cpu-test (e.g. "-R model")
 #   VQA_LT2_FRESH=1 remove the root first (the .deb and ccache caches stay)
 #
@@ -223,7 +224,9 @@ inside_cuda_build() {
     -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags"
   grep -q 'NCCL communicator backend: built' /build/logs/cuda-configure.log ||
     { log "  the NCCL backend is not built"; return 1; }
-  build cuda
+  local targets=()
+  read -r -a targets <<<"${VQA_LT2_CUDA_TARGETS:-}"
+  build cuda "${targets[@]}"
 
   # The CUDA code paths were compiled: VQA_TORCH_HAS_CUDA on both files, the
   # CUDA LibTorch's headers, and the objects call getCurrentCUDAStream.
@@ -311,7 +314,7 @@ case ${1:-} in
       CCACHE_DIR=/var/cache/ccache CCACHE_MAXSIZE=5G \
       OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
       NODE_EXTRA_CA_CERTS=/etc/ssl/host-ca-certificates.crt "${proxy[@]}" \
-      VQA_LT2_JOBS="${VQA_LT2_JOBS:-2}" VQA_LT2_CTEST="${VQA_LT2_CTEST:-}" VQA_LT2_TARGETS="${VQA_LT2_TARGETS:-}" \
+      VQA_LT2_JOBS="${VQA_LT2_JOBS:-2}" VQA_LT2_CTEST="${VQA_LT2_CTEST:-}" VQA_LT2_TARGETS="${VQA_LT2_TARGETS:-}" VQA_LT2_CUDA_TARGETS="${VQA_LT2_CUDA_TARGETS:-}" \
       /bin/bash /build/libtorch2.sh --in-root "$ns_step" "$ns_arg"
     ;;
 esac
