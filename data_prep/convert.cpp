@@ -159,6 +159,121 @@ void convert_check_options(const ConvertOptions& options) {
   }
 }
 
+namespace {
+
+// The three question sets of the inputs (val only adds answers to the label
+// set), answers normalised as --answer-normalization asks.
+struct InputSplits {
+  RecordSplit train, val, test;
+};
+
+InputSplits read_input_splits(const ConvertOptions& options, RecordProblems& problems) {
+  InputSplits splits;
+  if (!options.medvqa2019_root.empty()) {
+    int64_t next_qid = 0;  // M3AE's question ids: lines counted over train, val, test
+    splits.train = records_read_medvqa2019(options.medvqa2019_root, "train", next_qid, problems);
+    splits.val = records_read_medvqa2019(options.medvqa2019_root, "val", next_qid, problems);
+    splits.test = records_read_medvqa2019(options.medvqa2019_root, "test", next_qid, problems);
+  } else {
+    RecordOptions record_options;
+    record_options.image_dir = options.image_dir;
+    record_options.features = !options.features.empty();
+    record_options.language = options.language;
+    record_options.strict = options.strict;
+    splits.train = records_read_split(options.train_json, record_options, problems);
+    splits.val = records_read_split(options.val_json, record_options, problems);
+    splits.test = records_read_split(options.test_json, record_options, problems);
+  }
+  if (options.answer_normalization == "m3ae") {
+    for (RecordSplit* split : {&splits.train, &splits.val, &splits.test}) {
+      for (Record& r : split->records) {
+        r.normalized_answer = answer_normalize_m3ae(r.answer);
+        if (r.normalized_answer.empty()) {
+          throw data::DataFormatError(r.file + ": question " + std::to_string(r.qid) +
+                                      ": field 'answer': '" + r.answer +
+                                      "' is empty after M3AE's normalisation");
+        }
+      }
+    }
+  }
+  return splits;
+}
+
+// The mean and std the loader normalises with: none for features, CLIP's, or
+// the training images' own.
+void set_image_normalization(const ConvertOptions& options, bool features, const ImageStats& stats,
+                             FileHeader& header) {
+  if (features) {
+    header.image_normalization = data::kNormalizationNone;
+    header.image_mean = {0.0, 0.0, 0.0};
+    header.image_std = {1.0, 1.0, 1.0};
+  } else if (options.normalize == data::kNormalizationClip) {
+    header.image_normalization = data::kNormalizationClip;
+    header.image_mean.assign(std::begin(data::kClipMean), std::end(data::kClipMean));
+    header.image_std.assign(std::begin(data::kClipStd), std::end(data::kClipStd));
+  } else {
+    header.image_normalization = data::kNormalizationDataset;
+    for (size_t c = 0; c < 3; ++c) {
+      const double mean = stats.sum[c] / stats.pixels;
+      header.image_mean[c] = mean;
+      header.image_std[c] =
+          std::max(1e-3, std::sqrt(std::max(0.0, stats.square[c] / stats.pixels - mean * mean)));
+    }
+  }
+}
+
+// Answers outside the label set (they count as wrong), with a few examples.
+struct OutsideAnswers {
+  int64_t count = 0;
+  std::vector<std::string> examples;
+};
+
+// One split's questions: tokens, image row, labels against the header's
+// label set, question type.
+void write_question_table(const std::string& name, const std::vector<Record>& records,
+                          const std::vector<int32_t>& rows, const ConvertOptions& options,
+                          const FileHeader& header, const Tokenizer& tokenizer,
+                          DatasetWriter& writer, OutsideAnswers& outside) {
+  std::map<std::string, int32_t> label_ids;
+  for (size_t i = 0; i < header.answer_labels.size(); ++i)
+    label_ids[header.answer_labels[i]] = static_cast<int32_t>(i);
+  const auto& types = header.question_types;
+  const bool raw_text = options.tokenizer == data::kTokenizerRoberta;
+  QuestionTable table(options.max_length, 1, static_cast<int32_t>(header.special_tokens.pad));
+  for (size_t i = 0; i < records.size(); ++i) {
+    const Record& r = records[i];
+    const auto type = static_cast<int32_t>(
+        std::distance(types.begin(), std::find(types.begin(), types.end(), r.question_type)));
+    auto label = label_ids.find(r.normalized_answer);
+    std::vector<int32_t> labels;
+    std::vector<float> scores;
+    if (label != label_ids.end()) {
+      labels.push_back(label->second);
+      scores.push_back(1.0f);
+    } else {
+      ++outside.count;
+      if (outside.examples.size() < 5) outside.examples.push_back(r.normalized_answer);
+    }
+    // RoBERTa's BPE reads the question as the JSON has it, as M3AE's does.
+    const std::string& text = raw_text ? r.raw_question : r.question;
+    table.add(tokenizer.encode(text, options.max_length), rows[i], r.answer_type, r.qid, type,
+              r.question, r.answer, labels, scores);
+  }
+  writer.write_questions(name, table);
+}
+
+void print_split_line(const char* name, const std::vector<Record>& records,
+                      const std::vector<int32_t>& rows) {
+  const auto closed = std::count_if(records.begin(), records.end(), [](const Record& r) {
+    return r.answer_type == data::kAnswerTypeClosed;
+  });
+  std::printf("vqa_prep convert: %s %zu questions (%ld closed, %ld open) over %zu images\n", name,
+              records.size(), static_cast<long>(closed), static_cast<long>(records.size() - closed),
+              static_cast<size_t>(*std::max_element(rows.begin(), rows.end()) + 1));
+}
+
+}  // namespace
+
 void convert_run(const ConvertOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   convert_check_options(options);
@@ -182,38 +297,12 @@ void convert_run(const ConvertOptions& options) {
     tokenizer = std::make_unique<RobertaTokenizer>(options.vocab_json, options.merges_txt);
   }
   RecordProblems problems(options.strict);
-  RecordOptions record_options;
-  record_options.image_dir = options.image_dir;
-  record_options.features = !options.features.empty();
-  record_options.language = options.language;
-  record_options.strict = options.strict;
-  RecordSplit train_split, val_split, test_split;
-  if (medvqa) {
-    int64_t next_qid = 0;  // M3AE's question ids: lines counted over train, val, test
-    train_split = records_read_medvqa2019(options.medvqa2019_root, "train", next_qid, problems);
-    val_split = records_read_medvqa2019(options.medvqa2019_root, "val", next_qid, problems);
-    test_split = records_read_medvqa2019(options.medvqa2019_root, "test", next_qid, problems);
-  } else {
-    train_split = records_read_split(options.train_json, record_options, problems);
-    val_split = records_read_split(options.val_json, record_options, problems);
-    test_split = records_read_split(options.test_json, record_options, problems);
-  }
-  if (options.answer_normalization == "m3ae") {
-    for (RecordSplit* split : {&train_split, &val_split, &test_split}) {
-      for (Record& r : split->records) {
-        r.normalized_answer = answer_normalize_m3ae(r.answer);
-        if (r.normalized_answer.empty()) {
-          throw data::DataFormatError(r.file + ": question " + std::to_string(r.qid) +
-                                      ": field 'answer': '" + r.answer +
-                                      "' is empty after M3AE's normalisation");
-        }
-      }
-    }
-  }
-  std::vector<Record>& train = train_split.records;
-  std::vector<Record>& test = test_split.records;
-  const int64_t other_language = train_split.other_language + test_split.other_language;
+  InputSplits splits = read_input_splits(options, problems);
+  std::vector<Record>& train = splits.train.records;
+  std::vector<Record>& test = splits.test.records;
+  const int64_t other_language = splits.train.other_language + splits.test.other_language;
 
+  // ---- images (or features), each split's distinct images once ----
   std::unique_ptr<FeatureSource> features;
   if (!options.features.empty()) {
     features = std::make_unique<FeatureSource>(options.features, options.features_dataset,
@@ -234,6 +323,7 @@ void convert_run(const ConvertOptions& options) {
     }
   }
 
+  // ---- the header: tokenizer, labels, question types, normalisation ----
   if (!tokenizer) {
     std::vector<std::string> train_questions;
     for (const Record& r : train) train_questions.push_back(r.question);
@@ -249,89 +339,38 @@ void convert_run(const ConvertOptions& options) {
   header.tokenizer_sha256 = tokenizer->source_sha256();
   header.created_by = options.created_by;
   header.answer_labels = options.include_test_answers
-                             ? records_build_labels({&train, &val_split.records, &test})
+                             ? records_build_labels({&train, &splits.val.records, &test})
                              : records_build_labels({&train});
   std::set<std::string> types;
   for (const auto* records : {&train, &test}) {
     for (const Record& r : *records) types.insert(r.question_type);
   }
   header.question_types.assign(types.begin(), types.end());
-  if (features) {
-    header.image_normalization = data::kNormalizationNone;
-    header.image_mean = {0.0, 0.0, 0.0};
-    header.image_std = {1.0, 1.0, 1.0};
-  } else if (options.normalize == data::kNormalizationClip) {
-    header.image_normalization = data::kNormalizationClip;
-    header.image_mean.assign(std::begin(data::kClipMean), std::end(data::kClipMean));
-    header.image_std.assign(std::begin(data::kClipStd), std::end(data::kClipStd));
-  } else {
-    header.image_normalization = data::kNormalizationDataset;
-    for (size_t c = 0; c < 3; ++c) {
-      const double mean = stats.sum[c] / stats.pixels;
-      header.image_mean[c] = mean;
-      header.image_std[c] =
-          std::max(1e-3, std::sqrt(std::max(0.0, stats.square[c] / stats.pixels - mean * mean)));
-    }
-  }
+  set_image_normalization(options, features != nullptr, stats, header);
 
-  std::map<std::string, int32_t> label_ids;
-  for (size_t i = 0; i < header.answer_labels.size(); ++i)
-    label_ids[header.answer_labels[i]] = static_cast<int32_t>(i);
-  int64_t outside = 0;
-  std::vector<std::string> outside_examples;
-  const bool raw_text = options.tokenizer == data::kTokenizerRoberta;
-  for (const auto& [name, records, rows] :
-       {std::tuple{"train", &train, &train_rows}, std::tuple{"test", &test, &test_rows}}) {
-    QuestionTable table(options.max_length, 1, static_cast<int32_t>(header.special_tokens.pad));
-    for (size_t i = 0; i < records->size(); ++i) {
-      const Record& r = (*records)[i];
-      const int32_t type =
-          static_cast<int32_t>(std::distance(types.begin(), types.find(r.question_type)));
-      auto label = label_ids.find(r.normalized_answer);
-      std::vector<int32_t> labels;
-      std::vector<float> scores;
-      if (label != label_ids.end()) {
-        labels.push_back(label->second);
-        scores.push_back(1.0f);
-      } else {
-        ++outside;
-        if (outside_examples.size() < 5) outside_examples.push_back(r.normalized_answer);
-      }
-      // RoBERTa's BPE reads the question as the JSON has it, as M3AE's does.
-      const std::string& text = raw_text ? r.raw_question : r.question;
-      table.add(tokenizer->encode(text, options.max_length), (*rows)[i], r.answer_type, r.qid, type,
-                r.question, r.answer, labels, scores);
-    }
-    writer.write_questions(name, table);
-  }
+  // ---- the questions, then the header last (commit) ----
+  OutsideAnswers outside;
+  write_question_table("train", train, train_rows, options, header, *tokenizer, writer, outside);
+  write_question_table("test", test, test_rows, options, header, *tokenizer, writer, outside);
   writer.commit(header);
 
-  auto count_closed = [](const std::vector<Record>& records) {
-    return std::count_if(records.begin(), records.end(),
-                         [](const Record& r) { return r.answer_type == data::kAnswerTypeClosed; });
-  };
-  std::printf("vqa_prep convert: train %zu questions (%ld closed, %ld open) over %zu images\n",
-              train.size(), static_cast<long>(count_closed(train)),
-              static_cast<long>(train.size() - count_closed(train)),
-              static_cast<size_t>(*std::max_element(train_rows.begin(), train_rows.end()) + 1));
-  std::printf("vqa_prep convert: test %zu questions (%ld closed, %ld open) over %zu images\n",
-              test.size(), static_cast<long>(count_closed(test)),
-              static_cast<long>(test.size() - count_closed(test)),
-              static_cast<size_t>(*std::max_element(test_rows.begin(), test_rows.end()) + 1));
+  print_split_line("train", train, train_rows);
+  print_split_line("test", test, test_rows);
   std::printf(
       "vqa_prep convert: %zu answer labels (from %s), %zu vocabulary entries (tokenizer %s), %zu "
       "question types; images normalised with %s mean/std\n",
       header.answer_labels.size(),
       !options.include_test_answers ? "train"
-      : val_split.records.empty()   ? "train + test"
+      : splits.val.records.empty()  ? "train + test"
                                     : "train + val + test",
       header.token_vocabulary.size(), header.tokenizer.c_str(), header.question_types.size(),
       header.image_normalization.c_str());
   std::string examples;
-  for (const auto& e : outside_examples) examples += (examples.empty() ? "'" : ", '") + e + "'";
+  for (const auto& e : outside.examples) examples += (examples.empty() ? "'" : ", '") + e + "'";
   std::printf(
       "vqa_prep convert: %ld test answers outside the label set%s%s%s (they count as wrong)\n",
-      static_cast<long>(outside), outside ? " (e.g. " : "", examples.c_str(), outside ? ")" : "");
+      static_cast<long>(outside.count), outside.count ? " (e.g. " : "", examples.c_str(),
+      outside.count ? ")" : "");
   std::printf(
       "vqa_prep convert: %ld records skipped for bad input, %ld in another language than '%s'\n",
       static_cast<long>(problems.count()), static_cast<long>(other_language),

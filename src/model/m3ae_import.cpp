@@ -245,46 +245,43 @@ std::string M3aeImportSummary::describe() const {
   return text;
 }
 
-M3aeImportSummary m3ae_import(M3AE& model, const SafetensorsFile& file) {
-  const auto fail = [&file](const std::string& what) {
-    return M3aeImportError(file.path() + ": " + what);
-  };
-  const int64_t hidden = model->config().hidden;
-  const int64_t answers = model->config().num_answers;
-  M3aeImportSummary summary;
+namespace {
 
-  // vqa_head comes along when it answers the same K; otherwise the head is fresh.
-  bool head_in_file = false;
-  std::string head_dropped;
-  for (const auto& name : file.names()) head_in_file |= starts_with(name, "vqa_head.");
-  if (file.contains("vqa_head.3.weight")) {
-    const auto& shape = file.entry("vqa_head.3.weight").shape;
-    if (!shape.empty() && shape[0] != answers) {
-      head_dropped = "vqa_head for K=" + std::to_string(shape[0]) +
-                     " answers (the dataset has K=" + std::to_string(answers) + ")";
-    }
-  }
-  const bool load_head = head_in_file && head_dropped.empty();
-
+// Pass 1's result: which rows of each file tensor the model takes, and each
+// parameter's new value (copied in only when both passes found no problem).
+struct ImportPlan {
   std::map<std::string, Coverage> coverage;
   std::vector<std::pair<torch::Tensor, torch::Tensor>> assignments;  // (parameter, value)
+};
+
+M3aeImportError import_error(const SafetensorsFile& file, const std::string& what) {
+  return M3aeImportError(file.path() + ": " + what);
+}
+
+// Pass 1, the model's side: every parameter finds its file tensor (or its
+// rows of CLIP's packed in_proj), resized where the position grid differs,
+// with the model's shape; the head only when `load_head`.
+ImportPlan plan_parameters(M3AE& model, const SafetensorsFile& file, bool load_head,
+                           M3aeImportSummary& summary) {
+  const int64_t hidden = model->config().hidden;
+  ImportPlan plan;
   for (const auto& [name, source] : m3ae_parameter_sources(model)) {
     const torch::Tensor parameter = model->named_parameters()[name];
-    const bool head_part = starts_with(source.name, "vqa_head.");
-    if (head_part && !load_head) {
+    if (starts_with(source.name, "vqa_head.") && !load_head) {
       summary.newly_initialized.push_back(name);
       continue;
     }
     if (!file.contains(source.name)) {
-      throw fail("missing tensor " + source.name + " (for the model's " + name + ", shape " +
-                 shape_of(parameter) + ")");
+      throw import_error(file, "missing tensor " + source.name + " (for the model's " + name +
+                                   ", shape " + shape_of(parameter) + ")");
     }
     torch::Tensor value = file.tensor(source.name).to(torch::kFloat32);
     const std::string file_shape = shape_of(value);
     if (source.row_begin >= 0) {
       if (value.dim() < 1 || value.size(0) != 3 * hidden) {
-        throw fail("tensor " + source.name + " has shape " + file_shape + ", the model's " + name +
-                   " needs its first dimension 3 x " + std::to_string(hidden));
+        throw import_error(file, "tensor " + source.name + " has shape " + file_shape +
+                                     ", the model's " + name + " needs its first dimension 3 x " +
+                                     std::to_string(hidden));
       }
       value = value.slice(0, source.row_begin, source.row_end);
     }
@@ -296,23 +293,30 @@ M3aeImportSummary m3ae_import(M3AE& model, const SafetensorsFile& file) {
       value = resize_position_table(value, parameter.size(0));
     }
     if (!value.sizes().equals(parameter.sizes())) {
-      throw fail("tensor " + source.name + " has shape " + file_shape + ", the model's " + name +
-                 " has shape " + shape_of(parameter));
+      throw import_error(file, "tensor " + source.name + " has shape " + file_shape +
+                                   ", the model's " + name + " has shape " + shape_of(parameter));
     }
     const int64_t rows =
         file.entry(source.name).shape.empty() ? 1 : file.entry(source.name).shape[0];
-    coverage[source.name].rows.emplace_back(source.row_begin >= 0 ? source.row_begin : 0,
-                                            source.row_end >= 0 ? source.row_end : rows);
-    assignments.emplace_back(parameter, value.contiguous());
+    plan.coverage[source.name].rows.emplace_back(source.row_begin >= 0 ? source.row_begin : 0,
+                                                 source.row_end >= 0 ? source.row_end : rows);
+    plan.assignments.emplace_back(parameter, value.contiguous());
     ++summary.loaded_tensors;
     summary.loaded_parameters += parameter.numel();
   }
+  return plan;
+}
 
-  // Every file tensor: used, or dropped by a rule, or refused.
+// Pass 2, the file's side: every file tensor is used whole, or dropped by a
+// rule (counted by reason), or refused naming it.
+void account_for_file_tensors(const M3AE& model, const SafetensorsFile& file,
+                              const std::string& head_dropped, ImportPlan& plan,
+                              M3aeImportSummary& summary) {
+  const int64_t hidden = model->config().hidden;
   for (const auto& name : file.names()) {
     const auto& shape = file.entry(name).shape;
     const int64_t rows = shape.empty() ? 1 : shape[0];
-    Coverage& used = coverage[name];
+    Coverage& used = plan.coverage[name];
     if (is_clip_in_proj_bias(name) && rows == 3 * hidden && !used.rows.empty()) {
       used.rows.emplace_back(hidden, 2 * hidden);  // the key's third
       if (used.covers(rows)) {
@@ -322,7 +326,8 @@ M3aeImportSummary m3ae_import(M3AE& model, const SafetensorsFile& file) {
     }
     if (used.covers(rows)) continue;
     if (!used.rows.empty()) {
-      throw fail("tensor " + name + " " + shape_text(shape) + " is only partly used by the model");
+      throw import_error(
+          file, "tensor " + name + " " + shape_text(shape) + " is only partly used by the model");
     }
     if (is_key_bias(name)) {
       ++summary.dropped[kKeyBiasReason];
@@ -337,16 +342,35 @@ M3aeImportSummary m3ae_import(M3AE& model, const SafetensorsFile& file) {
       if (starts_with(name, drop.prefix)) rule = &drop;
     }
     if (!rule) {
-      throw fail("unknown tensor " + name + " " + shape_text(shape) +
-                 ": no parameter of this model takes it and it is on no drop list (is it an "
-                 "M3AE checkpoint of this structure? the model: " +
-                 model_config_describe(model->config()) + ")");
+      throw import_error(file, "unknown tensor " + name + " " + shape_text(shape) +
+                                   ": no parameter of this model takes it and it is on no drop "
+                                   "list (is it an M3AE checkpoint of this structure? the model: " +
+                                   model_config_describe(model->config()) + ")");
     }
     ++summary.dropped[rule->reason];
   }
+}
 
+}  // namespace
+
+M3aeImportSummary m3ae_import(M3AE& model, const SafetensorsFile& file) {
+  // vqa_head comes along when it answers the same K; otherwise the head is fresh.
+  bool head_in_file = false;
+  std::string head_dropped;
+  for (const auto& name : file.names()) head_in_file |= starts_with(name, "vqa_head.");
+  if (file.contains("vqa_head.3.weight")) {
+    const auto& shape = file.entry("vqa_head.3.weight").shape;
+    const int64_t answers = model->config().num_answers;
+    if (!shape.empty() && shape[0] != answers) {
+      head_dropped = "vqa_head for K=" + std::to_string(shape[0]) +
+                     " answers (the dataset has K=" + std::to_string(answers) + ")";
+    }
+  }
+  M3aeImportSummary summary;
+  ImportPlan plan = plan_parameters(model, file, head_in_file && head_dropped.empty(), summary);
+  account_for_file_tensors(model, file, head_dropped, plan, summary);
   torch::NoGradGuard no_grad;
-  for (auto& [parameter, value] : assignments) parameter.copy_(value);
+  for (auto& [parameter, value] : plan.assignments) parameter.copy_(value);
   return summary;
 }
 

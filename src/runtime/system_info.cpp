@@ -8,6 +8,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace vqa::runtime {
@@ -79,6 +81,20 @@ bool keep_freed_memory_for_reuse() {
 #else
   return false;
 #endif
+}
+
+long long process_start_ticks(long pid) {
+  std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!file || !std::getline(file, text)) return -1;
+  const size_t name_end = text.rfind(')');  // the command name may hold spaces
+  if (name_end == std::string::npos) return -1;
+  std::istringstream fields(text.substr(name_end + 1));
+  std::string field;
+  for (int number = 3; fields >> field; ++number) {
+    if (number == 22) return std::atoll(field.c_str());
+  }
+  return -1;
 }
 
 bool mpi_yield_when_idle() {

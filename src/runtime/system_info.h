@@ -37,4 +37,9 @@ bool keep_freed_memory_for_reuse();
 // mpi_yield_when_idle V, which exports it). Returns true when it set it.
 bool mpi_yield_when_idle();
 
+// Start time of process `pid` in clock ticks since boot (/proc/PID/stat
+// field 22), or -1. Together with the pid it identifies a process: a reused
+// pid has another start time.
+long long process_start_ticks(long pid);
+
 }  // namespace vqa::runtime

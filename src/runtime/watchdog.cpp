@@ -14,7 +14,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <list>
 #include <map>
 #include <sstream>
@@ -23,6 +22,7 @@
 
 #include "runtime/check.h"            // rank_label, fatal_error, fatal_user_error
 #include "runtime/mpi_collectives.h"  // mpi_allgather_strings
+#include "runtime/system_info.h"      // process_start_ticks
 #include "runtime/tracked_check.h"    // collective_call_failed
 #include "runtime/types.h"            // RankInfo
 #include "runtime/watchdog_impl.h"    // CollectiveTracker, CollectiveState
@@ -75,23 +75,6 @@ struct Overdue {
   bool warned = false;
   bool final_round_sent = false;
 };
-
-// Start time of process `pid` in clock ticks since boot (/proc/PID/stat
-// field 22), or -1. Together with the pid it identifies a process: a reused
-// pid has another start time.
-long long process_start_ticks(long pid) {
-  std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  if (!file || !std::getline(file, text)) return -1;
-  const size_t name_end = text.rfind(')');  // the command name may hold spaces
-  if (name_end == std::string::npos) return -1;
-  std::istringstream fields(text.substr(name_end + 1));
-  std::string field;
-  for (int number = 3; fields >> field; ++number) {
-    if (number == 22) return std::atoll(field.c_str());
-  }
-  return -1;
-}
 
 std::string seconds_text(double seconds) {
   char text[32];
