@@ -228,15 +228,13 @@ struct OutsideAnswers {
   std::vector<std::string> examples;
 };
 
-// One split's questions: tokens, image row, labels against the header's
-// label set, question type.
+// One split's questions: tokens, image row, labels (`label_ids`: the
+// header's answer labels by text), question type.
 void write_question_table(const std::string& name, const std::vector<Record>& records,
                           const std::vector<int32_t>& rows, const ConvertOptions& options,
-                          const FileHeader& header, const Tokenizer& tokenizer,
-                          DatasetWriter& writer, OutsideAnswers& outside) {
-  std::map<std::string, int32_t> label_ids;
-  for (size_t i = 0; i < header.answer_labels.size(); ++i)
-    label_ids[header.answer_labels[i]] = static_cast<int32_t>(i);
+                          const FileHeader& header, const std::map<std::string, int32_t>& label_ids,
+                          const Tokenizer& tokenizer, DatasetWriter& writer,
+                          OutsideAnswers& outside) {
   const auto& types = header.question_types;
   const bool raw_text = options.tokenizer == data::kTokenizerRoberta;
   QuestionTable table(options.max_length, 1, static_cast<int32_t>(header.special_tokens.pad));
@@ -349,9 +347,14 @@ void convert_run(const ConvertOptions& options) {
   set_image_normalization(options, features != nullptr, stats, header);
 
   // ---- the questions, then the header last (commit) ----
+  std::map<std::string, int32_t> label_ids;
+  for (size_t i = 0; i < header.answer_labels.size(); ++i)
+    label_ids[header.answer_labels[i]] = static_cast<int32_t>(i);
   OutsideAnswers outside;
-  write_question_table("train", train, train_rows, options, header, *tokenizer, writer, outside);
-  write_question_table("test", test, test_rows, options, header, *tokenizer, writer, outside);
+  write_question_table("train", train, train_rows, options, header, label_ids, *tokenizer, writer,
+                       outside);
+  write_question_table("test", test, test_rows, options, header, label_ids, *tokenizer, writer,
+                       outside);
   writer.commit(header);
 
   print_split_line("train", train, train_rows);

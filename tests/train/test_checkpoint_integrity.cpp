@@ -28,6 +28,8 @@ using vqa::testing::run_process;
 
 namespace {
 
+using vqa::testing::read_metrics;
+
 using vqa::testing::contains;
 
 // The first line of `text` containing `part` (for the test's own report).
@@ -69,10 +71,6 @@ std::string joined(const std::vector<std::string>& names) {
   std::string text;
   for (const auto& name : names) text += name + " ";
   return text;
-}
-
-std::vector<nlohmann::json> metrics(const fs::path& out) {
-  return vqa::testing::read_metrics(out.string());
 }
 
 using vqa::util::seconds_since;
@@ -118,8 +116,8 @@ class CheckpointIntegrity : public ::testing::Test {
   // The resumed run's epochs must repeat the uninterrupted run's exactly:
   // same ranks, threads and order of operations on CPU (tolerance 0).
   static void expect_same_losses_as_base(const std::string& out, int first_epoch) {
-    const auto expected = metrics(base_);
-    const auto got = metrics(out);
+    const auto expected = read_metrics(base_);
+    const auto got = read_metrics(out);
     ASSERT_EQ(expected.size(), 3u);
     const size_t resumed = 3 - static_cast<size_t>(first_epoch);
     ASSERT_GE(got.size(), resumed);

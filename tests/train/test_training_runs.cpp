@@ -20,6 +20,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using vqa::testing::read_metrics;
+
 class TrainingRuns : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -103,10 +105,6 @@ class TrainingRuns : public ::testing::Test {
     return worst;
   }
 
-  static std::vector<nlohmann::json> metrics(const std::string& out) {
-    return vqa::testing::read_metrics(out);
-  }
-
   static inline std::string directory_, dataset_, augmented_dataset_, last_output_;
 };
 
@@ -173,8 +171,8 @@ TEST_F(TrainingRuns, AugmentedRunsMatchAcrossRankCountsAndResumeExactly) {
       train("aug-resumed", 2, resume_common + "--resume " + straight + "/checkpoints/epoch-0001.pt",
             augmented_dataset_);
   EXPECT_NE(last_output_.find("resumed from"), std::string::npos) << last_output_;
-  const auto expected = metrics(straight);
-  const auto got = metrics(resumed);
+  const auto expected = read_metrics(straight);
+  const auto got = read_metrics(resumed);
   ASSERT_EQ(expected.size(), 3u);
   ASSERT_EQ(got.size(), 1u);
   for (const char* key : {"train_loss", "test_loss", "overall", "lr"}) {
@@ -220,9 +218,9 @@ TEST_F(TrainingRuns, ResumeContinuesExactlyAndAtAnotherRankCount) {
   EXPECT_NE(last_output_.find("resumed from"), std::string::npos) << last_output_;
   const auto one_rank = train("resumed1", 1, common + "--batch-per-rank 16 --resume " + checkpoint);
 
-  const auto expected = metrics(straight);
-  const auto got = metrics(resumed);
-  const auto got_one_rank = metrics(one_rank);
+  const auto expected = read_metrics(straight);
+  const auto got = read_metrics(resumed);
+  const auto got_one_rank = read_metrics(one_rank);
   ASSERT_EQ(expected.size(), 4u);
   ASSERT_EQ(got.size(), 2u);
   ASSERT_EQ(got_one_rank.size(), 2u);
@@ -281,8 +279,8 @@ TEST_F(TrainingRuns, StopSignalOnOneRankCheckpointsEveryRankAndResumesExactly) {
   train("stopped", 2, common + "--resume auto");
   EXPECT_NE(last_output_.find("resumed from"), std::string::npos) << last_output_;
   EXPECT_TRUE(fs::exists(out + "/DONE"));
-  const auto want = metrics(straight);
-  const auto got = metrics(out);
+  const auto want = read_metrics(straight);
+  const auto got = read_metrics(out);
   ASSERT_EQ(want.size(), 5u);
   ASSERT_EQ(got.size(), want.size());
   // Same ranks, threads and order of operations on CPU: every field except
@@ -297,7 +295,7 @@ TEST_F(TrainingRuns, StopSignalOnOneRankCheckpointsEveryRankAndResumesExactly) {
   // A completed run started again with --resume auto does nothing.
   train("stopped", 2, common + "--resume auto");
   EXPECT_NE(last_output_.find("nothing to do"), std::string::npos) << last_output_;
-  EXPECT_EQ(metrics(out).size(), want.size());
+  EXPECT_EQ(read_metrics(out).size(), want.size());
 }
 
 TEST_F(TrainingRuns, NonFiniteGradientStopsEveryRankOrIsSkipped) {
@@ -328,7 +326,7 @@ TEST_F(TrainingRuns, NonFiniteGradientStopsEveryRankOrIsSkipped) {
             std::string::npos)
       << last_output_;
   EXPECT_NE(last_output_.find("step skipped"), std::string::npos);
-  const auto lines = metrics(skipped);
+  const auto lines = read_metrics(skipped);
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0]["skipped_steps"], 0);
   EXPECT_EQ(lines[1]["skipped_steps"], 1);
@@ -354,7 +352,7 @@ TEST_F(TrainingRuns, Fp16LossScalingSkipsOverflowsAlikeAndSurvivesResume) {
                               "scale 262144 -> 131072"),
             std::string::npos)
       << last_output_;
-  const auto lines = metrics(scaled);
+  const auto lines = read_metrics(scaled);
   ASSERT_EQ(lines.size(), 3u);
   const double expected_scale[3] = {131072, 131072, 524288};
   for (int epoch = 0; epoch < 3; ++epoch) {
@@ -362,7 +360,7 @@ TEST_F(TrainingRuns, Fp16LossScalingSkipsOverflowsAlikeAndSurvivesResume) {
     EXPECT_EQ(lines[epoch]["skipped_steps"], epoch == 1 ? 1 : 0) << epoch;
     EXPECT_TRUE(std::isfinite(lines[epoch]["train_loss"].get<double>()));
   }
-  const auto plain = metrics(train("fp32", 2, common));
+  const auto plain = read_metrics(train("fp32", 2, common));
   ASSERT_EQ(plain.size(), 3u);
   EXPECT_EQ(lines[0]["train_loss"].get<double>(), plain[0]["train_loss"].get<double>());
   EXPECT_FALSE(plain[0].contains("loss_scale"));
@@ -373,7 +371,7 @@ TEST_F(TrainingRuns, Fp16LossScalingSkipsOverflowsAlikeAndSurvivesResume) {
                               "towards growth)"),
             std::string::npos)
       << last_output_;
-  const auto again = metrics(resumed);
+  const auto again = read_metrics(resumed);
   ASSERT_EQ(again.size(), 1u);
   EXPECT_EQ(again[0]["loss_scale"].get<double>(), 524288.0);
   EXPECT_EQ(again[0]["train_loss"].get<double>(), lines[2]["train_loss"].get<double>());
@@ -397,7 +395,7 @@ TEST_F(TrainingRuns, SkipsDecidedOnTheDeviceAreReadAStepLater) {
                               "scale 262144 -> 131072"),
             std::string::npos)
       << last_output_;
-  const auto scaled = metrics(directory_ + "/device-fp16");
+  const auto scaled = read_metrics(directory_ + "/device-fp16");
   ASSERT_EQ(scaled.size(), 3u);
   const double expected_scale[3] = {131072, 131072, 524288};
   for (int epoch = 0; epoch < 3; ++epoch) {
@@ -407,7 +405,7 @@ TEST_F(TrainingRuns, SkipsDecidedOnTheDeviceAreReadAStepLater) {
   }
 
   const auto skipped =
-      metrics(train("device-skip", 2, common + "--test-nan-step 9 --nonfinite skip"));
+      read_metrics(train("device-skip", 2, common + "--test-nan-step 9 --nonfinite skip"));
   EXPECT_NE(last_output_.find("non-finite gradient at epoch 1 optimiser step 9: step skipped"),
             std::string::npos)
       << last_output_;
