@@ -78,14 +78,13 @@ slurm_daemon() {
   exec setpriv --pdeathsig TERM "$@"
 }
 
-slurm_cluster_start() {
+# slurm_munge_start DIR: a fresh munge key in DIR/munge and munged on it,
+# its socket DIR/munge/munge.socket (a file: it serves processes in any
+# network namespace alike), its pid first in slurm_cluster_pids.
+slurm_munge_start() {
   local dir=$1
-  slurm_cluster_dir=$dir
-  local node
-  node=$(hostname -s)
-  mkdir -p "$dir"/{state,spool,log,munge}
+  mkdir -p "$dir"/{log,munge}
   chmod 700 "$dir/munge"
-
   # munge: a fresh random key, readable by root only (munged checks).
   head -c 1024 /dev/urandom >"$dir/munge/munge.key"
   chmod 400 "$dir/munge/munge.key"
@@ -95,23 +94,27 @@ slurm_cluster_start() {
     --pid-file="$dir/munge/munged.pid" --log-file="$dir/log/munged.log" \
     >"$dir/log/munged.out" 2>&1 &
   slurm_cluster_pids+=($!)
+}
 
-  # Ports from a pid-dependent base, so that tests run at the same time on
-  # one machine do not race for the same ones.
-  # The node's CPU count: what this process may use (nproc would answer
-  # OMP_NUM_THREADS if set), at least 2 for the tests' 2-rank jobs;
-  # config_overrides lets slurmd accept more CPUs than the machine has.
-  local cpus
-  cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
-  ((cpus >= 2)) || cpus=2
+# slurm_munge_wait DIR: waits for munged's socket before the daemons need it.
+slurm_munge_wait() {
+  local dir=$1 i
+  for ((i = 0; i < 100; i++)); do
+    [[ -S $dir/munge/munge.socket ]] && return 0
+    sleep 0.1
+  done
+  slurm_cluster_log "munged did not start"
+  cat "$dir/log/munged.out" "$dir/log/munged.log" >&2 2>/dev/null || true
+  return 1
+}
 
-  local controller_port daemon_port
-  controller_port=$(slurm_free_port $((20000 + $$ % 20000)))
-  daemon_port=$(slurm_free_port $((controller_port + 1)))
-
-  cat >"$dir/slurm.conf" <<EOF
+# slurm_conf_common DIR CONTROLLER_PORT DAEMON_PORT: the slurm.conf lines
+# every test cluster shares (all but SlurmctldHost, the slurmd paths, the
+# nodes and the partition).
+slurm_conf_common() {
+  local dir=$1 controller_port=$2 daemon_port=$3
+  cat <<EOF
 ClusterName=vqatest
-SlurmctldHost=$node(127.0.0.1)
 SlurmctldPort=$controller_port
 SlurmdPort=$daemon_port
 SlurmUser=root
@@ -120,11 +123,8 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/slurmd.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -139,28 +139,51 @@ JobAcctGatherType=jobacct_gather/none
 MinJobAge=600
 KillWait=10
 SlurmdParameters=config_overrides
+EOF
+}
+
+slurm_cluster_start() {
+  local dir=$1
+  slurm_cluster_dir=$dir
+  local node
+  node=$(hostname -s)
+  mkdir -p "$dir"/{state,spool,log}
+  slurm_munge_start "$dir"
+
+  # Ports from a pid-dependent base, so that tests run at the same time on
+  # one machine do not race for the same ones.
+  # The node's CPU count: what this process may use (nproc would answer
+  # OMP_NUM_THREADS if set), at least 2 for the tests' 2-rank jobs;
+  # config_overrides lets slurmd accept more CPUs than the machine has.
+  local cpus
+  cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+  ((cpus >= 2)) || cpus=2
+
+  local controller_port daemon_port
+  controller_port=$(slurm_free_port $((20000 + $$ % 20000)))
+  daemon_port=$(slurm_free_port $((controller_port + 1)))
+
+  {
+    echo "SlurmctldHost=$node(127.0.0.1)"
+    slurm_conf_common "$dir" "$controller_port" "$daemon_port"
+    cat <<EOF
+SlurmdSpoolDir=$dir/spool
+SlurmdPidFile=$dir/slurmd.pid
+SlurmdLogFile=$dir/log/slurmd.log
 NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+  } >"$dir/slurm.conf"
   export SLURM_CONF=$dir/slurm.conf
 
-  # Wait for munged's socket before the daemons need it.
-  local i
-  for ((i = 0; i < 100; i++)); do
-    [[ -S $dir/munge/munge.socket ]] && break
-    sleep 0.1
-  done
-  [[ -S $dir/munge/munge.socket ]] || {
-    slurm_cluster_log "munged did not start"
-    cat "$dir/log/munged.out" "$dir/log/munged.log" >&2 2>/dev/null || true
-    return 1
-  }
+  slurm_munge_wait "$dir" || return 1
 
   slurm_daemon slurmctld -D -f "$SLURM_CONF" >"$dir/log/slurmctld.out" 2>&1 &
   slurm_cluster_pids+=($!)
   slurm_daemon slurmd -D -f "$SLURM_CONF" >"$dir/log/slurmd.out" 2>&1 &
   slurm_cluster_pids+=($!)
 
+  local i
   for ((i = 0; i < 300; i++)); do
     if sinfo -h -o %T 2>/dev/null | grep -qx idle; then
       slurm_cluster_log "Slurm up in $dir: node $node idle, $cpus CPUs," \
