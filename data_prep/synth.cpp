@@ -34,6 +34,38 @@ class Random {
   util::SplitMix64 generator_;
 };
 
+// The filler words of SynthOptions::vocab_size: 4-12 per question, word k
+// of F drawn with weight 1/(k+1) (Zipf), by inverting the cumulative weights.
+constexpr int kMinFillers = 4, kMaxFillers = 12;
+
+class FillerWords {
+ public:
+  explicit FillerWords(int64_t count) {
+    double total = 0.0;
+    cumulative_.reserve(static_cast<size_t>(count));
+    for (int64_t k = 0; k < count; ++k) cumulative_.push_back(total += 1.0 / (k + 1.0));
+  }
+  static std::string word(int64_t k) { return "w" + std::to_string(k); }
+  bool empty() const { return cumulative_.empty(); }
+  // " w12 w3 ...", empty without fillers.
+  std::string draw(Random& random) const {
+    if (cumulative_.empty()) return "";
+    std::string text;
+    const int count = kMinFillers + random.below(kMaxFillers - kMinFillers + 1);
+    constexpr int kSteps = 1 << 30;
+    for (int i = 0; i < count; ++i) {
+      const double u = (random.below(kSteps) + 0.5) / kSteps * cumulative_.back();
+      const auto k =
+          std::lower_bound(cumulative_.begin(), cumulative_.end(), u) - cumulative_.begin();
+      text += " " + word(k);
+    }
+    return text;
+  }
+
+ private:
+  std::vector<double> cumulative_;
+};
+
 struct Shape {
   int shape, colour, cell;
 };
@@ -138,7 +170,8 @@ data::SourceImage keep_source(const std::vector<uint8_t>& drawn, int64_t source_
 }
 
 SplitData generate_split(const std::string& name, int64_t num_questions,
-                         const SynthOptions& options, const Tokenizer& tokenizer, Random& random) {
+                         const SynthOptions& options, const Tokenizer& tokenizer,
+                         const FillerWords& fillers, Random& random) {
   SplitData split;
   split.name = name;
   split.image_size = options.image_size;
@@ -171,6 +204,7 @@ SplitData generate_split(const std::string& name, int64_t num_questions,
     for (int64_t asked = 0, attempts = 0; asked < wanted && attempts < 64; ++attempts) {
       Question q;
       if (!make_question(random.below(4), shapes, random, q)) continue;
+      q.text += fillers.draw(random);
       split.questions.add(tokenizer.encode(q.text, options.max_question_length),
                           static_cast<int32_t>(image),
                           q.type == 0 ? data::kAnswerTypeClosed : data::kAnswerTypeOpen,
@@ -205,13 +239,26 @@ SynthDataset synth_generate(const SynthOptions& options) {
   }
   corpus.push_back("how many shapes are there?");
   auto tokenizer = WordTokenizer::build(corpus);
+  const auto template_entries = static_cast<int64_t>(tokenizer->vocabulary().size());
+  if (options.vocab_size != 0 && options.vocab_size <= template_entries) {
+    throw std::invalid_argument("synth: --vocab-size " + std::to_string(options.vocab_size) +
+                                " must exceed the templates' " + std::to_string(template_entries) +
+                                " entries (special tokens included), or be 0");
+  }
+  const FillerWords fillers(options.vocab_size > 0 ? options.vocab_size - template_entries : 0);
+  if (!fillers.empty()) {
+    for (int64_t k = 0; k < options.vocab_size - template_entries; ++k) {
+      corpus.push_back(FillerWords::word(k));
+    }
+    tokenizer = WordTokenizer::build(corpus);
+  }
 
   SynthDataset dataset;
   Random random(options.seed);
   dataset.splits.push_back(
-      generate_split("train", options.train_questions, options, *tokenizer, random));
+      generate_split("train", options.train_questions, options, *tokenizer, fillers, random));
   dataset.splits.push_back(
-      generate_split("test", options.test_questions, options, *tokenizer, random));
+      generate_split("test", options.test_questions, options, *tokenizer, fillers, random));
 
   FileHeader& header = dataset.header;
   header.image_size = options.image_size;

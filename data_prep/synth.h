@@ -11,6 +11,13 @@
 // many epochs before it learns to read the question's colour and shape words.
 // 11 answer labels; the answer is always determined by the image, so a model
 // can reach ~100%, while always answering the most frequent label gets ~16%.
+//
+// With a vocabulary size (SynthOptions::vocab_size, e.g. RoBERTa's 50,265)
+// the vocabulary is filled up with filler words "w0", "w1", ... and every
+// question ends with 4-12 of them drawn from a Zipf law (weight 1/(k+1)):
+// as in real questions, a batch touches a few hundred rows of a large word
+// embedding table, most of it the same frequent ones. The fillers carry no
+// answer; the template words still do.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +38,9 @@ struct SynthOptions {
   // stored images are their Pillow-bicubic resize to image_size. 0: none.
   int64_t source_size = 0;
   int64_t max_question_length = 12;
+  // > 0: exactly this many vocabulary entries, the filler words above (at
+  // least the templates' own words and one filler); 0: the templates' words only.
+  int64_t vocab_size = 0;
   uint64_t seed = 1;
 };
 

@@ -62,6 +62,12 @@ int run_synth(const std::vector<std::string>& arguments, const std::string& comm
            vqa::util::Range{0, 4096})
       .add("max-len", &options.max_question_length, "question length in tokens, <cls> included",
            vqa::util::Range{8, 4096})
+      .add("vocab-size", &options.vocab_size,
+           "vocabulary entries (e.g. 50265, RoBERTa's): filler words fill the vocabulary and "
+           "end every question, 4-12 of them drawn from a Zipf law, so a batch touches a few "
+           "hundred rows of the word embedding as real questions do; use --max-len 32 (0: the "
+           "templates' words only)",
+           vqa::util::Range{0, 1e7})
       .add("seed", &options.seed, "random seed");
   if (!parse("synth", arguments, table)) return 0;
   const auto start = vqa::util::SteadyClock::now();

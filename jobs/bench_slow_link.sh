@@ -26,6 +26,10 @@
 #                         steps and the first is warm-up, DDP gets STEPS warm-up steps
 #   REPEATS=3             runs of everything at every rate; the table shows medians
 #   IMAGE_SIZE=96         synthetic images' side (a multiple of the preset's patch size)
+#   VOCAB_SIZE=0          vocabulary entries of the synthetic questions (vqa_prep synth
+#                         --vocab-size; e.g. 50265, RoBERTa's, with MAX_LEN=32: a word
+#                         embedding as large as M3AE's, of which a step touches a few
+#                         hundred rows); 0: the templates' few words
 #   RATES="none 10gbit 2500mbit 1gbit 500mbit"
 #                         link rates (tc: kbit, mbit, gbit); none = the veth unshaped
 #   OUT_DIR=runs/slow-link  gets slow_link.txt (this output), slow_link.csv and
@@ -61,6 +65,7 @@ max_len=${MAX_LEN:-12}
 steps=${STEPS:-8}
 repeats=${REPEATS:-3}
 image_size=${IMAGE_SIZE:-96}
+vocab_size=${VOCAB_SIZE:-0}
 read -r -a rates <<<"${RATES:-none 10gbit 2500mbit 1gbit 500mbit}"
 out_dir=${OUT_DIR:-runs/slow-link}
 hosts_tool=$PWD/jobs/emulated_hosts.sh
@@ -73,6 +78,7 @@ for value in "$batch" "$max_len" "$steps" "$repeats" "$image_size"; do
   [[ $value =~ ^[1-9][0-9]*$ ]] ||
     die "BATCH_PER_RANK, MAX_LEN, STEPS, REPEATS and IMAGE_SIZE must be positive integers, got '$value'"
 done
+[[ $vocab_size =~ ^[0-9]+$ ]] || die "VOCAB_SIZE must be 0 or a positive integer, got '$vocab_size'"
 ((${#rates[@]})) || die "RATES is empty"
 for rate in "${rates[@]}"; do
   [[ $rate == none || $rate =~ ^[0-9.]+[kmgt]?bit$ ]] ||
@@ -113,7 +119,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 "$build/vqa_prep" synth -o "$work/synth.h5" --image-size "$image_size" --max-len "$max_len" \
-  --train-questions $((batch * 2 * steps * 2)) --test-questions 64 >/dev/null
+  --vocab-size "$vocab_size" --train-questions $((batch * 2 * steps * 2)) --test-questions 64 >/dev/null
 # "answers: K labels; tokenizer: word, V entries; max question length L"
 question_length=$("$build/vqa_prep" inspect "$work/synth.h5" --records 0 |
   sed -nE 's/^answers: .*; max question length ([0-9]+).*/\1/p')
@@ -384,6 +390,7 @@ bytes=$(awk -F, '$2 == "vqa-hpc" && $3 == 2 { print $9; exit }' "$runs_csv")
 {
   echo "# vqa-hpc over a slow link: 2 emulated hosts (network namespaces, tc tbf on each direction), 1 core and 1 thread each;"
   echo "# preset $preset ($parameters parameters), $batch samples per rank per step, questions padded to $question_length tokens,"
+  echo "# vocabulary $( ((vocab_size)) && echo "$vocab_size entries" || echo "of the templates' words"); vqa_train flags: ${*:-(none)}"
   echo "# $steps timed steps, median of $repeats runs; allreduce $bytes bytes per step (float32 in vqa_allreduce_bench)"
   echo "# samples/s: vqa_1 / torch_1 on host 0 alone, the rest one rank per host; vqa_2/1 = speed-up (2 is linear);"
   echo "# ddp_fu = DDP with find_unused_parameters=True; bus GB/s: vqa_train's gradient allreduces (bus_gbps),"

@@ -15,6 +15,7 @@
 #include "runtime/check.h"         // fatal_user_error
 #include "runtime/communicator.h"  // Communicator, communicator_create
 #include "runtime/distributed.h"   // DistributedSession, distributed_raw_allreduce_sum
+#include "runtime/system_info.h"   // keep_freed_memory_for_reuse, mpi_yield_when_idle
 #include "util/clock.h"            // SteadyClock, seconds_since
 #include "util/options.h"          // OptionTable
 
@@ -35,7 +36,7 @@ struct BenchConfig {
   std::string dtype = "float";
   std::string op = "sum";
   vqa::runtime::Backend backend = vqa::runtime::Backend::kAuto;
-  vqa::runtime::MpiAllreduce mpi_allreduce = vqa::runtime::MpiAllreduce::kRing;
+  vqa::runtime::MpiAllreduce mpi_allreduce = vqa::runtime::MpiAllreduce::kAuto;
   BufferDevice device = BufferDevice::kCpu;
   bool check = true;
   bool compare_raw = true;
@@ -124,6 +125,10 @@ int run_bench(const BenchConfig& config, int64_t min_bytes, int64_t max_bytes,
               const vqa::runtime::RankInfo& info);
 
 int main(int argc, char** argv) {
+  // The process set up as vqa_train's (system_info.h): freed memory kept for
+  // reuse, MPI's blocking waits yielding; both change how MPI_Allreduce runs.
+  vqa::runtime::keep_freed_memory_for_reuse();
+  vqa::runtime::mpi_yield_when_idle();
   vqa::runtime::DistributedSession session(&argc, &argv);  // MPI ends after everything below
   const auto& info = session.rank_info();
   BenchConfig config;
@@ -146,7 +151,8 @@ int main(int argc, char** argv) {
       .add_choice("backend", &config.backend, "communicator: auto (from --device), mpi or nccl",
                   vqa::runtime::kBackendNames)
       .add_choice("mpi-allreduce", &config.mpi_allreduce,
-                  "the MPI backend's algorithm for buffers of 64 KiB and more: ring (the "
+                  "the MPI backend's algorithm for buffers of 64 KiB and more: auto (per size, "
+                  "the faster of library and ring in a start-up probe, as vqa_train), ring (the "
                   "project's pipelined ring) or library (MPI_Allreduce)",
                   vqa::runtime::kMpiAllreduceNames)
       .add_choice("device", &config.device,
@@ -204,7 +210,8 @@ int run_bench(const BenchConfig& config, int64_t min_bytes, int64_t max_bytes,
   const bool raw = config.compare_raw && comm->backend() == vqa::runtime::Backend::kMpi &&
                    dtype == torch::kFloat32 && op == ReduceOp::kSum;
   const int n = info.world_size;
-  // The MPI ring picks its segment size for this fabric, as vqa_train does at start-up.
+  // The MPI backend picks its algorithm per size (auto) or the ring its
+  // segment size for this fabric, as vqa_train does at start-up.
   const std::string tuning = comm->tune_allreduce(max_bytes);
 
   if (info.rank == 0) {

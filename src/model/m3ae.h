@@ -27,6 +27,11 @@ namespace vqa::model {
 // Conv2d weights, class tokens and position tables (BERT's and M3AE's).
 constexpr double kInitStd = 0.02;
 
+// The word embedding table [vocab_size, hidden], as named_parameters() names
+// it. Only the token ids' lookup reads it (no tied output layer), so its
+// gradient is zero in every row that a batch's ids do not name.
+constexpr const char* kWordEmbeddingParameter = "text.token_embeddings.weight";
+
 class M3AEImpl : public torch::nn::Module {
  public:
   // Validates the config (std::invalid_argument on a bad one) and builds the

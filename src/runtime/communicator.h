@@ -18,17 +18,21 @@ namespace vqa::runtime {
 
 enum class ReduceOp { kSum, kAverage };
 enum class Backend { kAuto, kMpi, kNccl };
-// How the MPI backend averages large gradient buffers: its own pipelined ring
-// over point-to-point messages (ring_allreduce.h says why), or the MPI
-// library's MPI_Allreduce (for an MPI whose allreduce is tuned to the site's
-// fabric). Buffers under 64 KiB always use the library's.
-enum class MpiAllreduce { kRing, kLibrary };
+// How the MPI backend averages buffers of 64 KiB and more: per message
+// size, whichever of the two below a start-up probe on the job's own fabric
+// found faster (auto: allreduce_choice.h, Communicator::tune_allreduce); its
+// own pipelined ring over point-to-point messages (ring_allreduce.h says
+// why), or the MPI library's MPI_Allreduce (for an MPI whose allreduce is
+// tuned to the site's fabric). Buffers under 64 KiB always use the library's.
+enum class MpiAllreduce { kAuto, kRing, kLibrary };
 
 // The modes' texts (--backend, --mpi-allreduce).
 inline const util::ModeNames<Backend> kBackendNames = {
     {"auto", Backend::kAuto}, {"mpi", Backend::kMpi}, {"nccl", Backend::kNccl}};
 inline const util::ModeNames<MpiAllreduce> kMpiAllreduceNames = {
-    {"ring", MpiAllreduce::kRing}, {"library", MpiAllreduce::kLibrary}};
+    {"auto", MpiAllreduce::kAuto},
+    {"ring", MpiAllreduce::kRing},
+    {"library", MpiAllreduce::kLibrary}};
 inline std::string backend_name(Backend backend) { return util::mode_name(backend, kBackendNames); }
 inline std::string mpi_allreduce_name(MpiAllreduce algorithm) {
   return util::mode_name(algorithm, kMpiAllreduceNames);
@@ -100,10 +104,12 @@ class Communicator {
     allreduce_async(buffer, op)->wait();
   }
 
-  // Collective: lets the backend measure its choices for allreduces of about
-  // `bytes` on this fabric and keep the fastest (the MPI ring's segment
-  // size); returns one line for the log saying what it chose and why ("" when
-  // there was nothing to choose). Call before training, on every rank.
+  // Collective: lets the backend measure its choices for allreduces of up to
+  // `bytes` on this fabric and keep the fastest (the MPI backend's algorithm
+  // per message size, or the ring's segment size); returns one line for the
+  // log saying what it chose and why ("" when there was nothing new to
+  // choose). Call before training, on every rank; calling it again with a
+  // larger size probes only the sizes not yet measured.
   virtual std::string tune_allreduce(int64_t bytes) { return ""; }
 
   // Root's values replace every other rank's, in place; blocks until done.
@@ -142,6 +148,6 @@ class Communicator {
 // rank must call it at the same point; the NCCL backend shares rank 0's
 // unique id with MPI_Bcast and binds this rank to GPU local_rank.
 std::unique_ptr<Communicator> communicator_create(Backend requested, const torch::Device& device,
-                                                  MpiAllreduce mpi_allreduce = MpiAllreduce::kRing);
+                                                  MpiAllreduce mpi_allreduce = MpiAllreduce::kAuto);
 
 }  // namespace vqa::runtime

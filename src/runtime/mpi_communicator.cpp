@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include "runtime/allreduce_choice.h"   // AllreduceChoiceTable, AllreduceMethod
 #include "runtime/check.h"              // VQA_CHECK_MPI, VQA_CHECK
 #include "runtime/communicator.h"       // Communicator, Work
 #include "runtime/communicator_impl.h"  // mpi_communicator_create
@@ -117,42 +118,15 @@ class MpiCommunicator final : public Communicator {
     run_allreduce(pending);
   }
 
+  // --mpi-allreduce auto: every power of two from 64 KiB up to `bytes` not
+  // probed yet, each timed with the library and the ring at both segment
+  // sizes; later allreduces use the nearest size's choice. ring: the ring's
+  // segment size at `bytes`. library: nothing to choose.
   std::string tune_allreduce(int64_t bytes) override {
-    if (algorithm_ != MpiAllreduce::kRing || info_.world_size < 2 || bytes < kRingMinBytes) {
-      return "";
-    }
-    drain();
-    auto buffer = torch::zeros({bytes / 4}, torch::kFloat32);
-    char size[32];
-    std::snprintf(size, sizeof(size), "%.1f MB", static_cast<double>(buffer.nbytes()) / 1e6);
-    std::string text = std::string("ring allreduce segments at ") + size + ":";
-    double best_seconds = 0.0;
-    int64_t best_segment = kRingSegmentLarge;
-    for (const int64_t candidate : {kRingSegmentLarge, kRingSegmentEager}) {
-      segment_bytes_ = candidate;
-      std::vector<double> seconds;
-      for (int i = 0; i < 4; ++i) {  // the first is a warm-up
-        barrier();
-        const double start = util::steady_seconds();
-        allreduce(buffer, ReduceOp::kSum);
-        if (i > 0) seconds.push_back(util::steady_seconds() - start);
-      }
-      std::sort(seconds.begin(), seconds.end());
-      // Every rank decides on the slowest rank's median, so all choose alike.
-      const double median = allreduce_scalar(seconds[seconds.size() / 2], ScalarOp::kMax);
-      char line[96];
-      std::snprintf(line, sizeof(line), " %lld KiB %.3f GB/s bus bandwidth;",
-                    static_cast<long long>(candidate >> 10),
-                    static_cast<double>(buffer.nbytes()) / median * 2.0 * (info_.world_size - 1) /
-                        info_.world_size / 1e9);
-      text += line;
-      if (best_seconds == 0.0 || median < best_seconds) {
-        best_seconds = median;
-        best_segment = candidate;
-      }
-    }
-    segment_bytes_ = best_segment;
-    return text + " using " + std::to_string(segment_bytes_ >> 10) + " KiB";
+    if (info_.world_size < 2 || bytes < kRingMinBytes) return "";
+    if (algorithm_ == MpiAllreduce::kRing) return tune_ring_segment(bytes);
+    if (algorithm_ == MpiAllreduce::kAuto) return tune_by_size(bytes);
+    return "";
   }
 
   void broadcast(const torch::Tensor& buffer, int root) override {
@@ -237,19 +211,7 @@ class MpiCommunicator final : public Communicator {
     const int64_t bytes = buffer.numel() * element_size;
     const double began = util::steady_seconds();
     const int64_t sequence = tracker_->begin(CollectiveKind::kAllreduce, bytes);
-    if (algorithm_ == MpiAllreduce::kRing && bytes >= kRingMinBytes) {
-      ring_allreduce_sum(data, buffer.numel(),
-                         is_bf16 ? RingElement::kBFloat16 : RingElement::kFloat32, segment_bytes_,
-                         comm_, ring_scratch_, *tracker_);
-    } else {
-      const MPI_Datatype type = is_bf16 ? MPI_UINT16_T : MPI_FLOAT;
-      const MPI_Op op = is_bf16 ? bf16_sum_op_ : MPI_SUM;
-      for (int64_t offset = 0; offset < buffer.numel(); offset += kMaxElementsPerCall) {
-        const int count = static_cast<int>(std::min(kMaxElementsPerCall, buffer.numel() - offset));
-        VQA_CHECK_MPI_IN(tracker_.get(), MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size,
-                                                       count, type, op, comm_));
-      }
-    }
+    sum_in_place(data, buffer.numel(), is_bf16, method_for(bytes));
     tracker_->end(sequence);
     if (pending.op == ReduceOp::kAverage && info_.world_size > 1) {
       buffer.div_(static_cast<double>(info_.world_size));
@@ -258,8 +220,155 @@ class MpiCommunicator final : public Communicator {
       pending.work->set_times(began, util::steady_seconds());  // null: blocking call
   }
 
+  AllreduceMethod method_for(int64_t bytes) const {
+    if (bytes < kRingMinBytes) return AllreduceMethod{};
+    switch (algorithm_) {
+      case MpiAllreduce::kRing:
+        return AllreduceMethod{AllreduceAlgorithm::kRing, segment_bytes_};
+      case MpiAllreduce::kAuto:
+        return choices_.lookup(bytes);
+      case MpiAllreduce::kLibrary:
+        break;
+    }
+    return AllreduceMethod{};
+  }
+
+  void sum_in_place(char* data, int64_t count, bool is_bf16, const AllreduceMethod& method) {
+    if (method.algorithm == AllreduceAlgorithm::kRing) {
+      ring_allreduce_sum(data, count, is_bf16 ? RingElement::kBFloat16 : RingElement::kFloat32,
+                         method.segment_bytes, comm_, ring_scratch_, *tracker_);
+      return;
+    }
+    const MPI_Datatype type = is_bf16 ? MPI_UINT16_T : MPI_FLOAT;
+    const MPI_Op op = is_bf16 ? bf16_sum_op_ : MPI_SUM;
+    const int64_t element_size = is_bf16 ? 2 : 4;
+    const int n = info_.world_size;
+    if (method.algorithm == AllreduceAlgorithm::kReduceScatterAllgather) {
+      // In pieces of at most kPieceBytes (over shared memory Open MPI's
+      // messages of 16 MiB and more took a path 10x slower); in each, rank
+      // r's block (the first count % n blocks one larger) is reduced into the
+      // scratch buffer, then every block is gathered back into place.
+      constexpr int64_t kPieceBytes = int64_t{8} << 20;
+      const int64_t piece_elements = std::max<int64_t>(n, kPieceBytes / element_size);
+      std::vector<int> counts(n), offsets(n);
+      for (int64_t begin = 0; begin < count; begin += piece_elements) {
+        const int64_t piece = std::min(piece_elements, count - begin);
+        for (int r = 0, offset = 0; r < n; offset += counts[r], ++r) {
+          counts[r] = static_cast<int>(piece / n + (r < piece % n ? 1 : 0));
+          offsets[r] = offset;
+        }
+        char* part = data + begin * element_size;
+        ring_scratch_.resize(static_cast<size_t>(counts[info_.rank] * element_size));
+        VQA_CHECK_MPI_IN(tracker_.get(), MPI_Reduce_scatter(part, ring_scratch_.data(),
+                                                            counts.data(), type, op, comm_));
+        VQA_CHECK_MPI_IN(tracker_.get(),
+                         MPI_Allgatherv(ring_scratch_.data(), counts[info_.rank], type, part,
+                                        counts.data(), offsets.data(), type, comm_));
+      }
+      return;
+    }
+    for (int64_t offset = 0; offset < count; offset += kMaxElementsPerCall) {
+      const int part = static_cast<int>(std::min(kMaxElementsPerCall, count - offset));
+      VQA_CHECK_MPI_IN(tracker_.get(), MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size,
+                                                     part, type, op, comm_));
+    }
+  }
+
+  // Seconds per float32 sum-allreduce of `buffer` with `method`, the slowest
+  // rank's median of `rounds`, each the mean of `repeats` calls after a barrier.
+  // Collective; the caller has drained the queue.
+  double time_method(const torch::Tensor& buffer, const AllreduceMethod& method, int rounds,
+                     int repeats) {
+    std::vector<double> seconds;
+    for (int round = 0; round < rounds; ++round) {
+      barrier();
+      const double start = util::steady_seconds();
+      for (int i = 0; i < repeats; ++i) {
+        const int64_t sequence = tracker_->begin(CollectiveKind::kAllreduce, buffer.nbytes());
+        sum_in_place(static_cast<char*>(buffer.data_ptr()), buffer.numel(), false, method);
+        tracker_->end(sequence);
+      }
+      seconds.push_back((util::steady_seconds() - start) / repeats);
+    }
+    std::sort(seconds.begin(), seconds.end());
+    // Every rank decides on the slowest rank's median, so all choose alike.
+    return allreduce_scalar(seconds[seconds.size() / 2], ScalarOp::kMax);
+  }
+
+  double bus_gbps(int64_t bytes, double seconds) const {
+    return static_cast<double>(bytes) / seconds * 2.0 * (info_.world_size - 1) / info_.world_size /
+           1e9;
+  }
+
+  std::string tune_ring_segment(int64_t bytes) {
+    drain();
+    auto buffer = torch::zeros({bytes / 4}, torch::kFloat32);
+    char size[32];
+    std::snprintf(size, sizeof(size), "%.1f MB", static_cast<double>(buffer.nbytes()) / 1e6);
+    std::string text = std::string("ring allreduce segments at ") + size + ":";
+    std::vector<AllreduceTiming> timings;
+    for (const int64_t segment : {kRingSegmentLarge, kRingSegmentEager}) {
+      const AllreduceMethod ring{AllreduceAlgorithm::kRing, segment};
+      time_method(buffer, ring, 1, 1);  // warm-up
+      timings.push_back({ring, time_method(buffer, ring, 3, 1)});
+      char line[96];
+      std::snprintf(line, sizeof(line), " %lld KiB %.3f GB/s bus bandwidth;",
+                    static_cast<long long>(segment >> 10),
+                    bus_gbps(buffer.nbytes(), timings.back().seconds));
+      text += line;
+    }
+    segment_bytes_ =
+        timings[1].seconds < timings[0].seconds ? kRingSegmentEager : kRingSegmentLarge;
+    return text + " using " + std::to_string(segment_bytes_ >> 10) + " KiB";
+  }
+
+  std::string tune_by_size(int64_t bytes) {
+    std::vector<int64_t> sizes;
+    for (const int64_t size : allreduce_probe_sizes(kRingMinBytes, bytes)) {
+      if (!choices_.has(size)) sizes.push_back(size);
+    }
+    if (sizes.empty()) return "";
+    drain();
+    auto buffer = torch::zeros({sizes.back() / 4}, torch::kFloat32);
+    // The library last: measured, as vqa_allreduce_bench measures it, on a
+    // buffer that point-to-point messages have used (over shared memory Open
+    // MPI's allreduce of 32 MiB and more measured 10x slower on a buffer
+    // that had not been sent yet).
+    const std::vector<AllreduceMethod> candidates = {
+        AllreduceMethod{AllreduceAlgorithm::kRing, kRingSegmentLarge},
+        AllreduceMethod{AllreduceAlgorithm::kRing, kRingSegmentEager},
+        AllreduceMethod{AllreduceAlgorithm::kReduceScatterAllgather, 0}, AllreduceMethod{}};
+    std::string text =
+        "allreduce per size (--mpi-allreduce auto; bus GB/s of ring 1024 KiB / ring 60 KiB / "
+        "reduce-scatter + allgather / library -> choice):";
+    for (const int64_t size : sizes) {
+      const auto view = buffer.narrow(0, 0, size / 4);
+      // Small messages are timed over several calls, so a timing is not one
+      // clock tick; each candidate runs 3 rounds, the median counts.
+      const int repeats = static_cast<int>(std::clamp<int64_t>((4 << 20) / size, 1, 16));
+      std::vector<AllreduceTiming> timings;
+      for (const auto& method : candidates) {
+        // An untimed call first: the first message of a size may set up
+        // connections or fault in the library's temporary buffers.
+        time_method(view, method, 1, 1);
+        timings.push_back({method, time_method(view, method, 3, repeats)});
+      }
+      const AllreduceMethod choice = allreduce_method_fastest(timings);
+      choices_.set(size, choice);
+      char line[200];
+      std::snprintf(line, sizeof(line), " %lld KiB %.3f/%.3f/%.3f/%.3f -> %s;",
+                    static_cast<long long>(size >> 10), bus_gbps(size, timings[0].seconds),
+                    bus_gbps(size, timings[1].seconds), bus_gbps(size, timings[2].seconds),
+                    bus_gbps(size, timings[3].seconds), allreduce_method_name(choice).c_str());
+      text += line;
+    }
+    text.pop_back();
+    return text;
+  }
+
   MpiAllreduce algorithm_;
-  int64_t segment_bytes_ = kRingSegmentLarge;  // tune_allreduce may change it
+  int64_t segment_bytes_ = kRingSegmentLarge;  // --mpi-allreduce ring: tune_allreduce may change it
+  AllreduceChoiceTable choices_{kRingMinBytes};  // --mpi-allreduce auto: filled by tune_allreduce
   std::vector<char>
       ring_scratch_;  // the ring's receive buffer, reused (progress thread or drained caller)
   MPI_Comm comm_ = MPI_COMM_NULL;

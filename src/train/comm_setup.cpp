@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "model/m3ae.h"        // kWordEmbeddingParameter
+#include "runtime/check.h"     // fatal_user_error
 #include "train/projection.h"  // auto_bucket_bytes, Fabric, kAutoBucketSeconds
 #include "train/step_timer.h"  // summarize
 #include "util/clock.h"        // SteadyClock, seconds_since
@@ -50,11 +52,68 @@ double allreduce_probe_latency_seconds(runtime::Communicator& comm, const torch:
   return comm.max(summarize(seconds).p50) / std::max(1.0, rounds);
 }
 
-GradientSyncOptions gradient_sync_options_from(const TrainConfig& config, double bucket_mb) {
+RowSyncChoice row_sync_choice(const TrainConfig& config, int world_size,
+                              const std::vector<NamedTensor>& parameters,
+                              int64_t max_question_length, RunLog& log) {
+  const std::string name = model::kWordEmbeddingParameter;
+  const std::string option =
+      "--sparse-embedding-sync " +
+      util::mode_name(config.sparse_embedding_sync, kSparseEmbeddingSyncNames);
+  if (config.sparse_embedding_sync == SparseEmbeddingSync::kOff) return {};
+  const auto found = std::find_if(parameters.begin(), parameters.end(),
+                                  [&](const NamedTensor& p) { return p.name == name; });
+  if (found == parameters.end()) {
+    if (config.sparse_embedding_sync == SparseEmbeddingSync::kOn) {
+      runtime::fatal_user_error(option + ": the model has no trainable word embedding (" + name +
+                                "); use --sparse-embedding-sync off or auto");
+    }
+    log.info("word embedding sync: whole table (" + option + ": no trainable " + name + ")");
+    return {};
+  }
+  if (world_size < 2 || config.no_comm) {
+    if (config.sparse_embedding_sync == SparseEmbeddingSync::kOn) {
+      log.info("word embedding sync: " + option + " has no effect: " +
+               (config.no_comm ? std::string("--no-comm sends nothing")
+                               : std::string("one rank sends nothing")));
+    }
+    return {};
+  }
+  const int64_t rows = found->tensor.size(0);
+  const int64_t width = found->tensor.size(1);
+  const int64_t positions = config.global_batch * max_question_length;
+  char line[320];
+  if (config.sparse_embedding_sync == SparseEmbeddingSync::kAuto && positions >= rows) {
+    std::snprintf(line, sizeof(line),
+                  "word embedding sync: whole table (%s: %lld token positions per step "
+                  "(global batch %lld x %lld) could touch all %lld rows)",
+                  option.c_str(), static_cast<long long>(positions),
+                  static_cast<long long>(config.global_batch),
+                  static_cast<long long>(max_question_length), static_cast<long long>(rows));
+    log.info(line);
+    return {};
+  }
+  const double element = config.bf16_allreduce ? 2.0 : 4.0;
+  std::snprintf(line, sizeof(line),
+                "word embedding sync: by rows (%s): the rows this step's batches touch, at "
+                "most %lld token positions (global batch %lld x %lld) of %lld rows; at most "
+                "%.2f MB per step instead of %.2f MB",
+                option.c_str(), static_cast<long long>(positions),
+                static_cast<long long>(config.global_batch),
+                static_cast<long long>(max_question_length), static_cast<long long>(rows),
+                static_cast<double>(std::min(positions, rows)) * width * element / 1e6,
+                static_cast<double>(rows) * width * element / 1e6);
+  log.info(line);
+  return {name, std::min(positions, rows)};
+}
+
+GradientSyncOptions gradient_sync_options_from(const TrainConfig& config, double bucket_mb,
+                                               const RowSyncChoice& rows) {
   GradientSyncOptions options;
   options.bucket_mb = bucket_mb;
   options.bf16 = config.bf16_allreduce;
   options.skip_allreduce = config.no_comm;
+  options.row_sync_parameter = rows.parameter;
+  options.row_sync_expected_rows = rows.expected_rows;
   return options;
 }
 
@@ -69,7 +128,8 @@ double gradient_bucket_mb(const TrainConfig& config, runtime::Communicator& comm
   for (const auto& parameter : parameters) gradient_bytes += parameter.tensor.numel() * 4;
   const auto probe_bytes = static_cast<int64_t>(
       std::min(kAutoBucketMaxMiB * kMiB, static_cast<double>(gradient_bytes)) * wire);
-  comm.tune_allreduce(probe_bytes);
+  const std::string tuning = comm.tune_allreduce(probe_bytes);
+  if (!tuning.empty()) log.info(tuning);
   const double gbps = allreduce_probe_bus_gbps(comm, probe_bytes, device, /*repeats=*/3);
   // The auto size is in bytes sent; --bucket-mb counts float32 gradient bytes.
   const double mib = std::min(kAutoBucketMaxMiB,

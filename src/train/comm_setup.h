@@ -42,8 +42,23 @@ double allreduce_probe_bus_gbps(runtime::Communicator& comm, int64_t bytes,
 double allreduce_probe_latency_seconds(runtime::Communicator& comm, const torch::Device& device,
                                        int repeats = 9);
 
+// --sparse-embedding-sync resolved: the parameter the buckets average by
+// rows ("" for none) and the rows expected per step. on: the model's word
+// embedding (a model without one is refused); auto: the same when more than
+// one rank communicates and a step's token positions (global batch x
+// question length) are fewer than the table's rows, so that it surely sends
+// fewer bytes; off, one rank or --no-comm: none. Logs the choice and why.
+struct RowSyncChoice {
+  std::string parameter;
+  int64_t expected_rows = 0;
+};
+RowSyncChoice row_sync_choice(const TrainConfig& config, int world_size,
+                              const std::vector<NamedTensor>& parameters,
+                              int64_t max_question_length, RunLog& log);
+
 // The buckets' options; `bucket_mb` is gradient_bucket_mb's answer.
-GradientSyncOptions gradient_sync_options_from(const TrainConfig& config, double bucket_mb);
+GradientSyncOptions gradient_sync_options_from(const TrainConfig& config, double bucket_mb,
+                                               const RowSyncChoice& rows);
 
 // --bucket-mb, or with 0 (auto) the size whose allreduce takes about
 // kAutoBucketSeconds at the bus bandwidth measured now (between 1 and 25

@@ -101,8 +101,10 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
                   runtime::kBackendNames)
       .add_choice(
           "mpi-allreduce", &c.mpi_allreduce,
-          "how the MPI backend averages gradient buckets: ring (pipelined ring over "
-          "point-to-point messages, full duplex) | library (the MPI library's MPI_Allreduce)",
+          "how the MPI backend averages gradient buckets: auto (per bucket size, the faster of "
+          "library and ring in a start-up probe on this fabric; the choice goes to train.log) | "
+          "ring (pipelined ring over point-to-point messages, full duplex) | library (the MPI "
+          "library's MPI_Allreduce)",
           runtime::kMpiAllreduceNames)
       .add("threads", &c.threads, "CPU threads per rank (0: host cores / ranks on the host)",
            util::Range{0, 1024})
@@ -111,6 +113,12 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "bandwidth measured at start-up, between 1 and 25 MiB)",
            util::Range{0, 1e6})
       .add("bf16-allreduce", &c.bf16_allreduce, "send gradients as bfloat16 (half the bytes)")
+      .add_choice("sparse-embedding-sync", &c.sparse_embedding_sync,
+                  "the word embedding's gradient: on (average only the rows some rank's "
+                  "batches touched this step; the others are zero everywhere, the result equals "
+                  "the full average) | off (the whole table) | auto (on when it surely sends "
+                  "fewer bytes: more than one rank and fewer token positions per step than rows)",
+                  kSparseEmbeddingSyncNames)
       .add_choice(
           "precision", &c.precision,
           "fp32 | bf16 (bfloat16 autocast of the forward pass on GPU) | fp16 (float16 autocast "

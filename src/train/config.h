@@ -34,6 +34,14 @@ enum class NonFinite { kStop, kSkip, kOff };
 inline const util::ModeNames<NonFinite> kNonFiniteNames = {
     {"stop", NonFinite::kStop}, {"skip", NonFinite::kSkip}, {"off", NonFinite::kOff}};
 
+// The word embedding's gradient: averaged by the rows the step's batches
+// touched (gradient_sync.h), in full, or by rows when that sends fewer bytes.
+enum class SparseEmbeddingSync { kAuto, kOn, kOff };
+inline const util::ModeNames<SparseEmbeddingSync> kSparseEmbeddingSyncNames = {
+    {"auto", SparseEmbeddingSync::kAuto},
+    {"on", SparseEmbeddingSync::kOn},
+    {"off", SparseEmbeddingSync::kOff}};
+
 // Test-only fault injection, for the tests of the diagnosis, of non-finite
 // values and of preemption; settable from the command line (--test-*) like
 // every other option, never set in a real run.
@@ -80,10 +88,11 @@ struct TrainConfig {
   // distributed
   DeviceMode device = DeviceMode::kAuto;
   runtime::Backend backend = runtime::Backend::kAuto;
-  runtime::MpiAllreduce mpi_allreduce = runtime::MpiAllreduce::kRing;
+  runtime::MpiAllreduce mpi_allreduce = runtime::MpiAllreduce::kAuto;
   int threads = 0;         // CPU threads per rank; 0: host cores / ranks on the host
   double bucket_mb = 0.0;  // 0: auto, from the start-up probe (gradient_bucket_mb)
   bool bf16_allreduce = false;
+  SparseEmbeddingSync sparse_embedding_sync = SparseEmbeddingSync::kAuto;
   bool bf16_autocast = false;  // the older spelling of precision = "bf16"
   // bf16: bfloat16 autocast, GPU; fp16: float16 autocast on GPU with dynamic
   // loss scaling (on the CPU the loss scaler around float32)

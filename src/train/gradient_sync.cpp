@@ -35,6 +35,7 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
   // Reverse registration order: backward reaches the last layers first.
   std::vector<std::vector<int64_t>> groups(1);
   int64_t group_bytes = 0;
+  int64_t row_parameter = -1;
   for (int64_t i = static_cast<int64_t>(parameters_.size()) - 1; i >= 0; --i) {
     const auto& tensor = parameters_[i].tensor;
     VQA_CHECK(tensor.requires_grad(),
@@ -43,6 +44,17 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
               "gradient buckets hold float32 parameters; " + parameters_[i].name + " is " +
                   std::string(c10::toString(tensor.scalar_type())));
     const int64_t bytes = tensor.numel() * 4;
+    if (parameters_[i].name == options_.row_sync_parameter) {
+      // A bucket of its own, where backward reaches it.
+      VQA_CHECK(tensor.dim() == 2, "row sync needs a 2-D table; " + parameters_[i].name + " has " +
+                                       std::to_string(tensor.dim()) + " dimensions");
+      row_parameter = i;
+      if (!groups.back().empty()) groups.emplace_back();
+      groups.back().push_back(i);
+      groups.emplace_back();
+      group_bytes = 0;
+      continue;
+    }
     if (!groups.back().empty() && group_bytes + bytes > bucket_limit) {
       groups.emplace_back();
       group_bytes = 0;
@@ -50,9 +62,15 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
     groups.back().push_back(i);
     group_bytes += bytes;
   }
+  VQA_CHECK(options_.row_sync_parameter.empty() || row_parameter >= 0,
+            "row sync of " + options_.row_sync_parameter + ": no trainable parameter of that name");
   for (auto& group : groups) {
     if (group.empty()) continue;
     Bucket bucket;
+    if (group.front() == row_parameter) {
+      row_bucket_ = static_cast<int64_t>(buckets_.size());
+      bucket.row_width = parameters_[row_parameter].tensor.size(1);
+    }
     int64_t elements = 0;
     for (size_t k = 0; k < group.size(); ++k) {
       const int64_t index = group[k];
@@ -64,13 +82,17 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
     bucket.parameters = std::move(group);
     bucket.flat =
         torch::zeros({elements}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
-    if (options_.bf16) bucket.wire = torch::empty_like(bucket.flat, torch::kBFloat16);
+    // The row bucket's wire is made each step, as big as that step's rows.
+    if (options_.bf16 && bucket.row_width == 0) {
+      bucket.wire = torch::empty_like(bucket.flat, torch::kBFloat16);
+    }
     bucket.arrived.assign(bucket.parameters.size(), false);
-    stats_.bytes_per_step += elements * (options_.bf16 ? 2 : 4);
     buckets_.push_back(std::move(bucket));
   }
   stats_.buckets = static_cast<int64_t>(buckets_.size());
   stats_.ready_before_end_sums.assign(buckets_.size(), 0.0);
+  stats_.sent_bytes_sums.assign(buckets_.size(), 0);
+  for (const int64_t bytes : bucket_bytes()) stats_.bytes_per_step += bytes;
   for (int64_t i = 0; i < static_cast<int64_t>(parameters_.size()); ++i) {
     const Slot& slot = slots_[i];
     const auto& tensor = parameters_[i].tensor;
@@ -92,9 +114,10 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
   }
 }
 
-void GradientSynchronizer::prepare_backward(bool sync) {
+void GradientSynchronizer::prepare_backward(bool sync, const torch::Tensor& row_ids) {
   if (!step_open_) {  // first micro-step of an optimiser step
     step_open_ = true;
+    local_rows_.clear();
     std::fill(touched_.begin(), touched_.end(), false);
     next_to_launch_ = 0;
     for (auto& bucket : buckets_) {
@@ -107,6 +130,48 @@ void GradientSynchronizer::prepare_backward(bool sync) {
     for (auto& parameter : parameters_) parameter.tensor.mutable_grad() = torch::Tensor();
   }
   last_micro_ = sync;
+  if (row_bucket_ < 0) return;
+  VQA_CHECK(row_ids.defined(), "row sync: prepare_backward needs the micro-batch's row ids");
+  note_rows(row_ids);
+  if (sync && !options_.skip_allreduce) gather_rows();
+}
+
+void GradientSynchronizer::note_rows(const torch::Tensor& row_ids) {
+  VQA_CHECK(row_ids.device().is_cpu(), "row sync: the row ids must be on the host");
+  const auto ids = row_ids.to(torch::kInt64).contiguous();
+  const int64_t* data = ids.data_ptr<int64_t>();
+  const int64_t rows = parameters_[buckets_[row_bucket_].parameters.front()].tensor.size(0);
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    VQA_CHECK(data[i] >= 0 && data[i] < rows, "row sync: row id " + std::to_string(data[i]) +
+                                                  " outside the table's " + std::to_string(rows) +
+                                                  " rows");
+    local_rows_.push_back(static_cast<int32_t>(data[i]));
+  }
+}
+
+// The union of every rank's rows of this optimiser step, sorted, so that
+// every rank selects the same rows in the same order. Blocking; nothing of
+// this communicator is in flight between steps.
+void GradientSynchronizer::gather_rows() {
+  std::sort(local_rows_.begin(), local_rows_.end());
+  local_rows_.erase(std::unique(local_rows_.begin(), local_rows_.end()), local_rows_.end());
+  const std::string mine(reinterpret_cast<const char*>(local_rows_.data()),
+                         local_rows_.size() * sizeof(int32_t));
+  std::vector<int64_t> rows;
+  for (const auto& theirs : comm_.gather_strings(mine)) {
+    const auto* ids = reinterpret_cast<const int32_t*>(theirs.data());
+    rows.insert(rows.end(), ids, ids + theirs.size() / sizeof(int32_t));
+  }
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  const auto count = static_cast<int64_t>(rows.size());
+  const auto& device = buckets_[row_bucket_].flat.device();
+  auto host = torch::empty(
+      {count}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(device.is_cuda()));
+  std::copy(rows.begin(), rows.end(), host.data_ptr<int64_t>());
+  // From pinned memory the copy does not wait for the device; the caching
+  // host allocator keeps `host` until the copy has run.
+  row_index_ = device.is_cuda() ? host.to(device, /*non_blocking=*/true) : host;
 }
 
 // Runs inside backward, once per parameter, right after autograd's gradient
@@ -135,15 +200,26 @@ void GradientSynchronizer::on_gradient(int64_t index) {
 void GradientSynchronizer::launch_ready_buckets() {
   while (next_to_launch_ < static_cast<int64_t>(buckets_.size()) &&
          buckets_[next_to_launch_].pending == 0) {
-    Bucket& bucket = buckets_[next_to_launch_++];
+    const int64_t index = next_to_launch_++;
+    Bucket& bucket = buckets_[index];
     bucket.launched = util::steady_seconds();
     if (options_.skip_allreduce) continue;
-    if (options_.bf16) {
+    if (bucket.row_width > 0) {
+      // Only the rows some rank touched; the rest is zero on every rank.
+      torch::NoGradGuard no_grad;
+      const auto rows = bucket.flat.view({-1, bucket.row_width}).index_select(0, row_index_);
+      bucket.wire = options_.bf16 ? rows.to(torch::kBFloat16) : rows;
+      bucket.work = comm_.allreduce_async(bucket.wire, runtime::ReduceOp::kAverage);
+    } else if (options_.bf16) {
       bucket.wire.copy_(bucket.flat);
       bucket.work = comm_.allreduce_async(bucket.wire, runtime::ReduceOp::kAverage);
     } else {
       bucket.work = comm_.allreduce_async(bucket.flat, runtime::ReduceOp::kAverage);
     }
+    const int64_t bytes =
+        static_cast<int64_t>((bucket.wire.defined() ? bucket.wire : bucket.flat).nbytes());
+    stats_.sent_bytes_sums[index] += bytes;
+    stats_.sent_bytes += bytes;
   }
 }
 
@@ -187,8 +263,17 @@ void GradientSynchronizer::finish_backward() {
       ++stats_.timed_steps;
     }
     for (auto& bucket : buckets_) {
-      if (options_.bf16) bucket.flat.copy_(bucket.wire);
+      if (bucket.row_width > 0) {
+        bucket.flat.view({-1, bucket.row_width})
+            .index_copy_(0, row_index_, bucket.wire.to(torch::kFloat32));
+        stats_.synced_rows += row_index_.numel();
+      } else if (options_.bf16) {
+        bucket.flat.copy_(bucket.wire);
+      }
     }
+    stats_.bytes_per_step = 0;
+    for (const auto& bucket : buckets_)
+      stats_.bytes_per_step += bucket.wire.defined() ? bucket.wire.nbytes() : bucket.flat.nbytes();
   }
   ++stats_.synchronised_steps;
   for (int64_t i = 0; i < static_cast<int64_t>(parameters_.size()); ++i) {
@@ -225,9 +310,9 @@ std::vector<BucketTiming> GradientSynchronizer::last_step_timings() const {
   for (int64_t k = 0; k < static_cast<int64_t>(buckets_.size()); ++k) {
     const Bucket& bucket = buckets_[k];
     if (!bucket.work) continue;
-    timings.push_back({k,
-                       static_cast<int64_t>((options_.bf16 ? bucket.wire : bucket.flat).nbytes()),
-                       bucket.launched, bucket.work->began_at(), bucket.work->ended_at()});
+    timings.push_back(
+        {k, static_cast<int64_t>((bucket.wire.defined() ? bucket.wire : bucket.flat).nbytes()),
+         bucket.launched, bucket.work->began_at(), bucket.work->ended_at()});
   }
   return timings;
 }
@@ -248,9 +333,20 @@ int64_t GradientSynchronizer::memory_bytes() const {
 }
 
 std::vector<int64_t> GradientSynchronizer::bucket_bytes() const {
+  const int64_t element = options_.bf16 ? 2 : 4;
   std::vector<int64_t> sizes;
-  for (const auto& bucket : buckets_)
-    sizes.push_back(bucket.flat.numel() * (options_.bf16 ? 2 : 4));
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    const Bucket& bucket = buckets_[k];
+    if (bucket.row_width == 0) {
+      sizes.push_back(bucket.flat.numel() * element);
+    } else if (stats_.synchronised_steps > 0 && !options_.skip_allreduce) {
+      sizes.push_back(stats_.sent_bytes_sums[k] / stats_.synchronised_steps);
+    } else {
+      const int64_t rows = std::min(bucket.flat.numel() / bucket.row_width,
+                                    std::max<int64_t>(1, options_.row_sync_expected_rows));
+      sizes.push_back(rows * bucket.row_width * element);
+    }
+  }
   return sizes;
 }
 

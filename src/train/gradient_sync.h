@@ -12,6 +12,15 @@
 // launched in bucket order on every rank, so all ranks issue the same collectives in the same
 // sequence. finish_backward() waits only for what is still in flight and points every param.grad()
 // at its slot: no copy back, no zeroing pass between steps.
+//
+// Row sync (GradientSyncOptions::row_sync_parameter, the word embedding):
+// that table gets a bucket of its own, and instead of its whole gradient
+// only the rows that some rank's batches touched in this optimiser step are
+// averaged (the union of every rank's token ids, one small gather before the
+// step's last forward); every other row's gradient is exactly zero on every
+// rank, so its average is the zero already there. The result equals the
+// dense average (the same sums, element by element), with rows x width
+// values sent instead of the table's.
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -38,11 +47,21 @@ struct GradientSyncOptions {
   double bucket_mb = kDefaultBucketMiB;
   bool bf16 = false;            // send gradients as bfloat16
   bool skip_allreduce = false;  // benchmarks of exposed communication only: no communication
+  // The parameter synchronised by rows (a table [rows, width] indexed by the
+  // ids given to prepare_backward); empty: none, every parameter is dense.
+  std::string row_sync_parameter;
+  // Rows expected per step before the first one is seen (bucket_bytes()).
+  int64_t row_sync_expected_rows = 0;
 };
 
 struct GradientSyncStats {
   int64_t buckets = 0;
-  int64_t bytes_per_step = 0;         // bytes each rank allreduces per optimiser step
+  // Bytes each rank allreduces per optimiser step: the dense buckets' plus,
+  // with row sync, the rows expected (before the first step) or the last
+  // step's rows.
+  int64_t bytes_per_step = 0;
+  int64_t sent_bytes = 0;             // allreduced over all synchronised steps, for per-epoch means
+  int64_t synced_rows = 0;            // row sync: rows averaged over all synchronised steps
   double exposed_wait_seconds = 0.0;  // cumulative host time finish_backward waited
   int64_t synchronised_steps = 0;
   // Cumulative seconds the backend spent running gradient allreduces
@@ -53,6 +72,7 @@ struct GradientSyncStats {
   // gradient's arrival) to the end of backward (finish_backward), summed over
   // the synchronised steps; what the projection (projection.h) works from.
   std::vector<double> ready_before_end_sums;
+  std::vector<int64_t> sent_bytes_sums;  // per bucket, as ready_before_end_sums
 };
 
 // One bucket's allreduce in the last synchronised step, in
@@ -79,8 +99,11 @@ class GradientSynchronizer {
   // micro-steps (no communication: gradients accumulate in the buckets).
   // The first micro-step of an optimiser step drops every param.grad(), so
   // that autograd hands its fresh gradient over without adding it to last
-  // step's: the buckets are where gradients accumulate.
-  void prepare_backward(bool sync);
+  // step's: the buckets are where gradients accumulate. With row sync,
+  // `row_ids` (integer, on the host, any shape: the micro-batch's token ids)
+  // are the rows this micro-step's forward reads; on the sync micro-step the
+  // ranks gather their steps' rows (collective; call before the forward).
+  void prepare_backward(bool sync, const torch::Tensor& row_ids = {});
 
   // After the backward of a sync micro-step: zeros the slots of parameters
   // that got no gradient in this optimiser step (their names are reported
@@ -102,8 +125,11 @@ class GradientSynchronizer {
   std::vector<std::string> take_unused_parameters() { return std::move(unused_names_); }
   const GradientSyncStats& stats() const { return stats_; }
   double bucket_mb() const { return options_.bucket_mb; }
-  // Bucket sizes in bytes as sent (bfloat16 with options.bf16), in launch order.
+  // Bucket sizes in bytes as sent (bfloat16 with options.bf16), in launch
+  // order; the row bucket's as averaged over the steps so far (or expected).
   std::vector<int64_t> bucket_bytes() const;
+  // True when a parameter is synchronised by rows.
+  bool row_sync() const { return row_bucket_ >= 0; }
   // The buckets' float32 buffers: every gradient, as param.grad() views them.
   std::vector<torch::Tensor> bucket_gradients() const;
   // Bytes the buckets hold: the float32 gradients and the bfloat16 copies sent.
@@ -122,6 +148,7 @@ class GradientSynchronizer {
     torch::Tensor flat;               // float32, same device as the parameters
     torch::Tensor wire;               // bfloat16 copy sent when options_.bf16
     int64_t pending = 0;
+    int64_t row_width = 0;  // > 0: the row bucket (one table of rows x row_width)
     std::vector<bool> arrived;
     runtime::WorkHandle work;
     double launched = 0.0;  // steady_clock seconds
@@ -130,6 +157,8 @@ class GradientSynchronizer {
   class ArrivalHook;
   void on_gradient(int64_t index);
   void launch_ready_buckets();
+  void note_rows(const torch::Tensor& row_ids);
+  void gather_rows();
 
   std::vector<NamedTensor> parameters_;
   std::vector<Slot> slots_;
@@ -146,6 +175,9 @@ class GradientSynchronizer {
   bool reported_unused_ = false;
   std::vector<std::string> unused_names_;
   GradientSyncStats stats_;
+  int64_t row_bucket_ = -1;          // index into buckets_, or -1
+  std::vector<int32_t> local_rows_;  // this optimiser step's row ids on this rank
+  torch::Tensor row_index_;          // the union over ranks, int64 on the parameters' device
 };
 
 // Copies rank 0's parameters and buffers to every rank (call once at start,

@@ -18,7 +18,7 @@
 #include "runtime/stop_request.h"  // stop_signals_install
 #include "runtime/system_info.h"   // keep_freed_memory_for_reuse, mpi_yield_when_idle, ...
 #include "runtime/watchdog.h"      // set_collective_timeout
-#include "train/comm_setup.h"      // gradient_bucket_mb, allreduce_probe_for
+#include "train/comm_setup.h"      // gradient_bucket_mb, row_sync_choice, allreduce_probe_for
 #include "train/config.h"          // TrainConfig, config_parse, config_finalize, config_to_ini
 #include "train/gradient_sync.h"   // GradientSynchronizer, broadcast_module_state
 #include "train/optimizer.h"       // VqaOptimizer
@@ -77,8 +77,10 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
       model, train::optimizer_settings_from(config, steps_per_epoch * config.epochs));
   auto parameters = train::trainable_parameters(model);
   const double bucket_mb = train::gradient_bucket_mb(config, *comm, parameters, device, log);
-  train::GradientSynchronizer gradients(std::move(parameters), *comm,
-                                        train::gradient_sync_options_from(config, bucket_mb));
+  const train::RowSyncChoice row_sync = train::row_sync_choice(
+      config, rank.world_size, parameters, train_loader.info().max_question_length, log);
+  train::GradientSynchronizer gradients(
+      std::move(parameters), *comm, train::gradient_sync_options_from(config, bucket_mb, row_sync));
   comm->barrier();  // the phase timers and the timeline start together on every rank
   train::StepTimer timer(device, config.phase_timers);
   train::Timeline timeline(config.timeline, config.timeline_first_step, config.timeline_steps);

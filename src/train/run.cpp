@@ -72,7 +72,12 @@ std::vector<BucketProfile> bucket_profiles(const GradientSynchronizer& gradients
     const double sum =
         now.ready_before_end_sums[k] -
         (k < before.ready_before_end_sums.size() ? before.ready_before_end_sums[k] : 0.0);
-    buckets.push_back({static_cast<double>(sizes[k]), sum / static_cast<double>(steps)});
+    // As sent this epoch where something was sent (the word embedding's rows vary).
+    const int64_t sent = now.sent_bytes_sums[k] -
+                         (k < before.sent_bytes_sums.size() ? before.sent_bytes_sums[k] : 0);
+    const double bytes = sent > 0 ? static_cast<double>(sent) / static_cast<double>(steps)
+                                  : static_cast<double>(sizes[k]);
+    buckets.push_back({bytes, sum / static_cast<double>(steps)});
   }
   return buckets;
 }
@@ -118,9 +123,14 @@ void report_epoch_steps(TrainingParts& parts, int64_t epoch, const EpochStats& s
   settings.global_batch = config.global_batch;
   settings.accumulation_steps = config.accumulation_steps;
   settings.cpu_backend = !parts.device.is_cuda();
-  auto report = epoch_report_build(
-      epoch, parts.device.is_cuda(), summaries, config.no_comm ? 0 : sync.bytes_per_step,
-      probe.bus_gbps, probe.bytes, settings, bucket_profiles(parts.gradients, sync_before));
+  // Bytes as sent this epoch (the word embedding's rows vary from step to step).
+  const int64_t synced = sync.synchronised_steps - sync_before.synchronised_steps;
+  const int64_t bytes_per_step = config.no_comm ? 0
+                                 : synced > 0 ? (sync.sent_bytes - sync_before.sent_bytes) / synced
+                                              : sync.bytes_per_step;
+  auto report =
+      epoch_report_build(epoch, parts.device.is_cuda(), summaries, bytes_per_step, probe.bus_gbps,
+                         probe.bytes, settings, bucket_profiles(parts.gradients, sync_before));
   // Rank 0's per-step compute, for the projection's wait for the slowest rank.
   std::vector<double> own_seconds;
   for (const auto& step : stats.step_times) {

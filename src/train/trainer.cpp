@@ -243,7 +243,8 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
     parts.timer.end_phase(Phase::kDataWait);
     const data::Batch batch = batch_to_device(host_batch, parts.device);
     parts.timer.end_phase(Phase::kHostToDevice);
-    parts.gradients.prepare_backward(/*sync=*/micro == config.accumulation_steps - 1);
+    parts.gradients.prepare_backward(/*sync=*/micro == config.accumulation_steps - 1,
+                                     /*row_ids=*/host_batch.token_ids);
     const double cpu_before = util::thread_cpu_seconds();
     torch::Tensor loss;
     {

@@ -5,8 +5,9 @@
 
 #include <set>
 
-#include "runtime/communicator.h"  // communicator_create, ReduceOp
-#include "runtime/distributed.h"   // distributed_rank_info, distributed_gather_strings
+#include "runtime/allreduce_choice.h"  // AllreduceChoiceTable, allreduce_method_fastest
+#include "runtime/communicator.h"      // communicator_create, ReduceOp
+#include "runtime/distributed.h"       // distributed_rank_info, distributed_gather_strings
 
 using vqa::runtime::Backend;
 using vqa::runtime::ReduceOp;
@@ -140,6 +141,75 @@ TEST(Backends, ChoiceFollowsTheDevice) {
   EXPECT_EQ(vqa::runtime::backend_for_device(torch::Device(torch::kCUDA, 0)), Backend::kNccl);
   EXPECT_EQ(vqa::runtime::backend_name(Backend::kNccl), "nccl");
   EXPECT_EQ(vqa::runtime::mpi_allreduce_name(vqa::runtime::MpiAllreduce::kLibrary), "library");
+}
+
+// --mpi-allreduce auto's rules: the probe's sizes, the ring only when
+// clearly faster, and the nearest probed size's choice.
+TEST(AllreduceChoice, ProbeSizesMarginAndNearestSize) {
+  using vqa::runtime::AllreduceAlgorithm;
+  using vqa::runtime::AllreduceMethod;
+  const std::vector<int64_t> expected = {64 << 10, 128 << 10, 256 << 10};
+  EXPECT_EQ(vqa::runtime::allreduce_probe_sizes(64 << 10, 300 << 10), expected);
+  EXPECT_EQ(vqa::runtime::allreduce_probe_sizes(64 << 10, 256 << 10), expected);
+  EXPECT_EQ(vqa::runtime::allreduce_probe_sizes(60 << 10, 100 << 10).front(), 64 << 10);
+  EXPECT_TRUE(vqa::runtime::allreduce_probe_sizes(64 << 10, 1000).empty());
+
+  const AllreduceMethod library{};
+  const AllreduceMethod ring_large{AllreduceAlgorithm::kRing, 1 << 20};
+  const AllreduceMethod ring_eager{AllreduceAlgorithm::kRing, 60 << 10};
+  // 4% faster is within the margin (kRingMustBeFasterBy = 0.95): the library stays.
+  EXPECT_EQ(vqa::runtime::allreduce_method_fastest(
+                {{library, 1.0}, {ring_large, 0.96}, {ring_eager, 0.97}}),
+            library);
+  EXPECT_EQ(vqa::runtime::allreduce_method_fastest(
+                {{library, 1.0}, {ring_large, 0.90}, {ring_eager, 0.50}}),
+            ring_eager);
+  EXPECT_EQ(vqa::runtime::allreduce_method_fastest({{library, 1.0}, {ring_large, 0.94}}),
+            ring_large);
+
+  vqa::runtime::AllreduceChoiceTable table(64 << 10);
+  EXPECT_EQ(table.lookup(1 << 20), library);  // nothing probed yet
+  table.set(1 << 20, library);
+  table.set(4 << 20, ring_large);
+  table.set(16 << 20, ring_eager);
+  EXPECT_EQ(table.lookup(32 << 10), library);             // under 64 KiB: always the library
+  EXPECT_EQ(table.lookup(100 << 10), library);            // below the smallest probed size
+  EXPECT_EQ(table.lookup(1900 << 10), library);           // nearer 1 MiB than 4 MiB (log scale)
+  EXPECT_EQ(table.lookup(2 << 20), ring_large);           // halfway on a log scale: the larger
+  EXPECT_EQ(table.lookup(9 << 20), ring_eager);           // nearer 16 MiB
+  EXPECT_EQ(table.lookup(int64_t{1} << 30), ring_eager);  // above the largest probed size
+  EXPECT_EQ(vqa::runtime::allreduce_method_name(ring_eager), "ring 60 KiB");
+}
+
+// The probe on this fabric: every size from 64 KiB to 2 MiB measured and
+// named, the same choices on every rank, and the sums still exact through
+// whichever algorithm each size got.
+TEST(AllreduceChoice, ProbedChoicesAgreeAcrossRanksAndSumExactly) {
+  const auto& info = vqa::runtime::distributed_rank_info();
+  auto comm = vqa::runtime::communicator_create(Backend::kMpi, torch::kCPU,
+                                                vqa::runtime::MpiAllreduce::kAuto);
+  const std::string line = comm->tune_allreduce(2 << 20);
+  if (info.world_size == 1) {
+    EXPECT_EQ(line, "");
+    return;
+  }
+  for (const char* size : {" 64 KiB ", " 128 KiB ", " 1024 KiB ", " 2048 KiB "}) {
+    EXPECT_NE(line.find(size), std::string::npos) << size << " missing in: " << line;
+  }
+  const auto lines = vqa::runtime::distributed_gather_strings(line.substr(line.find("->")));
+  EXPECT_EQ(comm->tune_allreduce(1 << 20), "") << "sizes already probed are not probed again";
+  for (const auto& other : lines) {
+    // The choices (after each "->") are every rank's alike; the numbers are rank 0's on every
+    // rank too, since each rank decides on the slowest rank's time.
+    EXPECT_EQ(other, lines[0]);
+  }
+  for (const int64_t count : {int64_t{16} << 10, int64_t{100} << 10, int64_t{512} << 10}) {
+    auto buffer = torch::full({count}, float(info.rank + 1));
+    comm->allreduce(buffer, ReduceOp::kSum);
+    EXPECT_TRUE(
+        torch::equal(buffer, torch::full({count}, info.world_size * (info.world_size + 1) / 2.0f)))
+        << count;
+  }
 }
 
 // Device selection's decision table: visible devices x ranks on the host.

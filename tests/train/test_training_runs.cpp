@@ -13,13 +13,16 @@
 #include <fstream>
 #include <map>
 
-#include "process.h"    // run_process, mpirun_prefix, make_temp_dir
-#include "run_files.h"  // read_metrics
+#include "checkpoint_files.h"  // load_model, max_relative_difference
+#include "process.h"           // run_process, mpirun_prefix, make_temp_dir
+#include "run_files.h"         // read_metrics
 
 namespace fs = std::filesystem;
 
 namespace {
 
+using vqa::testing::load_model;
+using vqa::testing::max_relative_difference;
 using vqa::testing::read_metrics;
 
 class TrainingRuns : public ::testing::Test {
@@ -61,48 +64,6 @@ class TrainingRuns : public ::testing::Test {
   // on stderr otherwise, as data_prep's BadFile test shows).
   static void expect_shutdown_in_order(const std::string& output) {
     EXPECT_EQ(output.find("outlived MPI_Finalize"), std::string::npos) << output;
-  }
-
-  static std::map<std::string, torch::Tensor> load_model(const std::string& checkpoint) {
-    torch::serialize::InputArchive archive;
-    archive.load_from(checkpoint);
-    torch::serialize::InputArchive model;
-    archive.read("model", model);
-    std::map<std::string, torch::Tensor> tensors;
-    collect_tensors(model, "", tensors);
-    EXPECT_GT(tensors.size(), 10u) << checkpoint;
-    return tensors;
-  }
-
-  // Module::save nests one archive per submodule.
-  static void collect_tensors(torch::serialize::InputArchive& archive, const std::string& prefix,
-                              std::map<std::string, torch::Tensor>& tensors) {
-    for (const auto& key : archive.keys()) {
-      torch::Tensor value;
-      torch::serialize::InputArchive child;
-      if (archive.try_read(key, value)) {
-        tensors[prefix + key] = value;
-      } else if (archive.try_read(key, child)) {
-        collect_tensors(child, prefix + key + ".", tensors);
-      }
-    }
-  }
-
-  // Largest relative difference ||a - b|| / ||b|| over the parameters.
-  static double max_relative_difference(const std::map<std::string, torch::Tensor>& a,
-                                        const std::map<std::string, torch::Tensor>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    double worst = 0.0;
-    for (const auto& [name, tensor] : b) {
-      const auto other = a.find(name);
-      if (other == a.end()) {
-        ADD_FAILURE() << "missing " << name;
-        continue;
-      }
-      const double norm = std::max(tensor.norm().item<double>(), 1e-12);
-      worst = std::max(worst, (other->second - tensor).norm().item<double>() / norm);
-    }
-    return worst;
   }
 
   static inline std::string directory_, dataset_, augmented_dataset_, last_output_;

@@ -1,0 +1,57 @@
+// Reading the model out of a vqa_train checkpoint, for the tests that
+// compare runs parameter by parameter.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+namespace vqa::testing {
+
+// Module::save nests one archive per submodule.
+inline void collect_tensors(torch::serialize::InputArchive& archive, const std::string& prefix,
+                            std::map<std::string, torch::Tensor>& tensors) {
+  for (const auto& key : archive.keys()) {
+    torch::Tensor value;
+    torch::serialize::InputArchive child;
+    if (archive.try_read(key, value)) {
+      tensors[prefix + key] = value;
+    } else if (archive.try_read(key, child)) {
+      collect_tensors(child, prefix + key + ".", tensors);
+    }
+  }
+}
+
+// Every parameter and buffer of the checkpoint's model, by dotted name.
+inline std::map<std::string, torch::Tensor> load_model(const std::string& checkpoint) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(checkpoint);
+  torch::serialize::InputArchive model;
+  archive.read("model", model);
+  std::map<std::string, torch::Tensor> tensors;
+  collect_tensors(model, "", tensors);
+  EXPECT_GT(tensors.size(), 10u) << checkpoint;
+  return tensors;
+}
+
+// Largest relative difference ||a - b|| / ||b|| over the parameters.
+inline double max_relative_difference(const std::map<std::string, torch::Tensor>& a,
+                                      const std::map<std::string, torch::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0.0;
+  for (const auto& [name, tensor] : b) {
+    const auto other = a.find(name);
+    if (other == a.end()) {
+      ADD_FAILURE() << "missing " << name;
+      continue;
+    }
+    const double norm = std::max(tensor.norm().item<double>(), 1e-12);
+    worst = std::max(worst, (other->second - tensor).norm().item<double>() / norm);
+  }
+  return worst;
+}
+
+}  // namespace vqa::testing
