@@ -19,6 +19,8 @@
 #                     daemons by pid, then the hosts (`emulated_hosts.sh
 #                     down`: every process left in a namespace, the
 #                     namespaces, the veth links); safe to call twice
+#   slurm_multinode_kill_host I, slurm_multinode_start_slurmd I
+#                     host I lost (every process on it killed), and back
 #   slurm_multinode_leftovers
 #                     prints what of the cluster still exists (daemons,
 #                     namespaces, links), nothing when all is gone
@@ -170,16 +172,8 @@ slurm_multinode_start() {
   slurm_daemon slurmctld -D -f "$SLURM_CONF" >"$dir/log/slurmctld.out" 2>&1 &
   slurm_cluster_pids+=($!)
 
-  local cores
-  cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
   for ((i = 0; i < hosts; i++)); do
-    host=$name-h$i
-    # shellcheck disable=SC2016  # the inner shell expands its own arguments
-    slurm_daemon nsenter --net="/run/netns/$host" unshare --uts --mount --propagation private \
-      sh -c 'hostname "$1" && mount --bind "$2" /etc/hosts &&
-             exec taskset -c "$3" slurmd -D -N "$1" -f "$4"' slurmd "$host" "$dir/hosts" \
-      $((i % cores)) "$SLURM_CONF" >"$dir/log/slurmd-$host.out" 2>&1 &
-    slurm_cluster_pids+=($!)
+    slurm_multinode_start_slurmd "$i"
   done
 
   local idle
@@ -197,6 +191,30 @@ slurm_multinode_start() {
   sinfo -N -l >&2 || true
   slurm_cluster_dump_logs
   return 1
+}
+
+# slurm_multinode_start_slurmd I: starts host I's slurmd (also again, after
+# slurm_multinode_kill_host: the host comes back).
+slurm_multinode_start_slurmd() {
+  local i=$1 dir=$slurm_cluster_dir cores
+  local host=$slurm_multinode_name-h$i
+  cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+  # shellcheck disable=SC2016  # the inner shell expands its own arguments
+  slurm_daemon nsenter --net="/run/netns/$host" unshare --uts --mount --propagation private \
+    sh -c 'hostname "$1" && mount --bind "$2" /etc/hosts &&
+           exec taskset -c "$3" slurmd -D -N "$1" -f "$4"' slurmd "$host" "$dir/hosts" \
+    $((i % cores)) "$SLURM_CONF" >>"$dir/log/slurmd-$host.out" 2>&1 &
+  slurm_cluster_pids+=($!)
+}
+
+# slurm_multinode_kill_host I: host I dies: SIGKILL to every process in its
+# network namespace (its slurmd, slurmstepd, the ranks), as a power cut
+# would end them; its link stays up, so peers see their connections reset.
+slurm_multinode_kill_host() {
+  local host=$slurm_multinode_name-h$1 pid
+  for pid in $(ip netns pids "$host" 2>/dev/null); do
+    kill -KILL "$pid" 2>/dev/null || true
+  done
 }
 
 slurm_multinode_stop() {

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Faults across nodes, on the two-host test Slurm of test_multinode.sh
+# (slurm_multinode_cluster.sh), through jobs/slurm/train_multinode.sbatch
+# with --nodes=2, one CPU rank per node, launcher srun --mpi=pmix:
+#   1. preemption: `scontrol requeue` mid-epoch. Slurm signals the job's
+#      steps on both nodes (SIGTERM), both ranks stop at the same optimiser
+#      step (each exits 75, srun says so per node), rank 0 writes one stop
+#      checkpoint, Slurm requeues the job, the next start resumes inside
+#      epoch 0 and completes; the final metrics equal an uninterrupted
+#      2-rank run's in every non-timing field (tolerance 0);
+#   2. a lost node: mid-epoch 1 (after epoch 0's checkpoint), every process
+#      on host 1 is killed (its slurmd, slurmstepd and rank 1). The
+#      surviving rank ends within 60 s (--comm-timeout 30: its collective
+#      watchdog) with a line naming rank 1 and its host; the job's exit code
+#      is the watchdog's 124 and it ends FAILED, not requeued (the script
+#      requeues only on exit 75: a lost node is not a preemption, and a
+#      requeue would wait for the same nodes); it stays COMPLETING until
+#      host 1 answers again;
+#      with host 1 back, a new submission into the same run directory
+#      resumes from the last complete checkpoint and ends with the same
+#      metrics as the uninterrupted run.
+#
+#   tests/slurm/test_multinode_faults.sh SOURCE_DIR BUILD_DIR
+#
+# Not registered with CTest yet: case 2 fails in some runs. When the peer's
+# TCP connection is reset while rank 0 writes to it, rank 0 dies of SIGPIPE
+# at once (srun: "task 0: Broken pipe", exit 141) and nothing names the lost
+# rank; in the other runs the write fails without the signal and the
+# collective watchdog names "rank 1 (HOST-h1)" at --comm-timeout. vqa_train
+# ignoring SIGPIPE would make the second outcome the only one. Case 1
+# passes.
+#
+# Needs root and network namespaces; exits 77 (CTest: skipped) otherwise.
+set -euo pipefail
+source_dir=$(cd "$1" && pwd)
+build=$(cd "$2" && pwd)
+# shellcheck source=tests/slurm/slurm_multinode_cluster.sh
+source "$source_dir/tests/slurm/slurm_multinode_cluster.sh"
+
+slurm_multinode_test_begin faults
+fail() {
+  echo "FAIL: $*" >&2
+  [[ -n ${output:-} && -f $output ]] && { echo "---- job output" >&2; cat "$output" >&2; }
+  exit 1
+}
+started=$SECONDS
+stage() { echo "---- [$((SECONDS - started)) s] $*"; }
+
+name=mf$$
+name=${name:0:10}
+stage "cluster: 2 emulated hosts on a 1 Gbit/s link, one slurmd each"
+slurm_multinode_start "$work/slurm" "$name" 2 --rate 1gbit
+
+# 8 optimiser steps per epoch; each step waits 150 ms for data (a test-only
+# delay that changes no number) so that a signal or a kill lands mid-epoch.
+"$build/vqa_prep" synth -o "$work/synth.h5" --train-questions 256 --test-questions 64 \
+  --seed 11 >/dev/null
+cd "$source_dir"
+config=jobs/configs/quickstart.ini
+train_args=(--train-data "$work/synth.h5" --epochs 3 --progress off --log-every-steps 1
+  --test-data-delay-ms 150 --save-every 1 --comm-timeout 30)
+
+stage "uninterrupted reference: 2 ranks on one host (jobs/launch_local.sh)"
+jobs/launch_local.sh --ranks 2 --threads 1 "$build/vqa_train" --config "$config" "${train_args[@]}" \
+  --out "$work/reference" >"$work/reference.log" 2>&1 ||
+  { tail -n 30 "$work/reference.log"; fail "the reference run failed"; }
+
+submit() { # RUN_DIR: prints the job id
+  sbatch --parsable --output="$work/job-%j.out" --nodes=2 --ntasks-per-node=1 \
+    --cpus-per-task=1 --gpus-per-node=0 --time=30 \
+    --export="ALL,VQA_LAUNCHER=srun,VQA_SRUN_MPI=pmix,VQA_BUILD=$build,VQA_RUN_DIR=$1" \
+    jobs/slurm/train_multinode.sbatch "$config" "${train_args[@]}"
+}
+
+wait_for_line() { # FILE PATTERN TIMEOUT
+  local start=$SECONDS
+  until grep -q "$2" "$1" 2>/dev/null; do
+    ((SECONDS - start < $3)) || fail "no '$2' in $1 within $3 s"
+    sleep 0.1
+  done
+}
+
+# ---- 1. preemption: scontrol requeue -------------------------------------
+stage "preemption: scontrol requeue mid-epoch 0"
+run_dir=$work/run-requeue
+job=$(submit "$run_dir")
+output=$work/job-$job.out
+wait_for_line "$output" "epoch 0 step 1/" 90
+scontrol requeue "$job"
+signalled=$SECONDS
+until [[ $(slurm_job_field "$job" Restarts) == 1 && $(slurm_job_field "$job" JobState) == PENDING ]]; do
+  ((SECONDS - signalled < 60)) || fail "job $job was not back in the queue within 60 s"
+  sleep 0.2
+done
+requeued=$SECONDS
+echo "job $job requeued, pending $((requeued - signalled)) s after scontrol requeue"
+cat "$output"
+grep -q "stopped by SIGTERM" "$output" "$run_dir/train.log" ||
+  fail "no 'stopped by SIGTERM' line: the ranks did not stop on Slurm's signal"
+for node in "$name-h0" "$name-h1"; do
+  grep -q "$node: task [01]: Exited with exit code 75" "$output" ||
+    fail "srun reports no exit 75 (stopped with a checkpoint) for the rank on $node"
+done
+stops=("$run_dir"/checkpoints/epoch-0000-step-*.pt)
+if ((${#stops[@]} != 1)) || [[ ! -f ${stops[0]} ]]; then
+  fail "expected one stop checkpoint, found: ${stops[*]}"
+fi
+echo "stop checkpoint: ${stops[0]##*/} ($(stat -c %s "${stops[0]}") bytes)"
+# Started before its old credential has expired (cred_expire=10), the job is
+# killed ("Job credential revoked"); a requeued job's begin time lies minutes
+# ahead: bring it forward as an operator would.
+while ((SECONDS - requeued < 13)); do sleep 0.5; done
+scontrol update JobId="$job" StartTime=now
+state=$(slurm_wait_job "$job" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY' 150) ||
+  fail "the requeued job $job did not finish"
+echo "job $job: $state, restarts $(slurm_job_field "$job" Restarts), nodes $(slurm_job_field "$job" NodeList)"
+[[ $state == COMPLETED ]] || fail "the requeued job $job ended $state"
+grep -q "SLURM_RESTART_COUNT=1" "$output" || fail "the second start did not see SLURM_RESTART_COUNT=1"
+grep -q "resumed from .* at epoch 0 (after" "$output" ||
+  fail "vqa_train did not report resuming inside epoch 0"
+python3 "$source_dir/tests/slurm/compare_metrics.py" "$work/reference/metrics.jsonl" \
+  "$run_dir/metrics.jsonl" || fail "the requeued run differs from the uninterrupted one"
+
+# ---- 2. a lost node ---------------------------------------------------------
+stage "lost node: every process on host 1 killed mid-epoch 1"
+run_dir=$work/run-lost
+job=$(submit "$run_dir")
+output=$work/job-$job.out
+wait_for_line "$output" "epoch 1 step 2/" 90
+[[ -f $run_dir/checkpoints/latest ]] || fail "no checkpoint after epoch 0"
+slurm_multinode_kill_host 1
+killed=$SECONDS
+wait_for_line "$output" "srun exited with status" 90
+ended=$((SECONDS - killed))
+echo "the job's launcher ended $ended s after host 1 was lost"
+cat "$output"
+((ended <= 60)) || fail "the surviving rank took $ended s (> 60 s) to end"
+lost_line=$(grep -E "rank 1 \\($name-h1\\)" "$output" | head -n 1 || true)
+[[ -n $lost_line ]] || fail "no line names the lost rank 1 on $name-h1"
+echo "lost rank named: $lost_line"
+# The batch script has ended (its exit code is the job's), but Slurm keeps
+# the job COMPLETING until host 1 answers again (or SlurmdTimeout marks it
+# down): its epilogue on that node cannot run.
+state=$(slurm_wait_job "$job" 'FAILED|NODE_FAIL|COMPLETING' 60) || fail "job $job did not end"
+exit_code=$(slurm_job_field "$job" ExitCode)
+echo "job $job: $state, exit code $exit_code, reason $(slurm_job_field "$job" Reason)"
+[[ $exit_code == 124:0 ]] || fail "job $job: exit code $exit_code, expected the watchdog's 124"
+latest=$(cat "$run_dir/checkpoints/latest")
+echo "last complete checkpoint: $latest"
+
+stage "host 1 back; a new submission resumes"
+slurm_multinode_start_slurmd 1
+start=$SECONDS
+until [[ $(sinfo -h -N -o '%T' | grep -c '^idle$') == 2 ]]; do
+  ((SECONDS - start < 90)) || fail "host 1 did not come back idle: $(sinfo -h -N -o '%N %T' | paste -sd ' ')"
+  sleep 0.5
+done
+state=$(slurm_wait_job "$job" 'FAILED|NODE_FAIL' 60) || fail "job $job did not end once host 1 was back"
+echo "job $job once host 1 is back: $state"
+job=$(submit "$run_dir")
+output=$work/job-$job.out
+state=$(slurm_wait_job "$job" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY' 150) ||
+  fail "the resubmitted job $job did not finish"
+grep -v ' = ' "$output" | grep -iE "resum|skipping|exited" || true
+[[ $state == COMPLETED ]] || fail "the resubmitted job $job ended $state"
+grep -q "resumed from .*${latest##*/}" "$output" ||
+  fail "the resubmission did not resume from the last complete checkpoint $latest"
+python3 "$source_dir/tests/slurm/compare_metrics.py" "$work/reference/metrics.jsonl" \
+  "$run_dir/metrics.jsonl" || fail "the resumed run differs from the uninterrupted one"
+
+stage "PASS: requeue across nodes resumed and matched; the lost node ended the job" \
+  "within $ended s naming rank 1 ($name-h1); the resubmission resumed and matched"
