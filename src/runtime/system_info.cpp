@@ -6,6 +6,7 @@
 #include <malloc.h>
 #endif
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -96,6 +97,8 @@ long long process_start_ticks(long pid) {
   }
   return -1;
 }
+
+void ignore_broken_pipe_signal() { std::signal(SIGPIPE, SIG_IGN); }
 
 bool mpi_yield_when_idle() {
   constexpr const char* kName = "OMPI_MCA_mpi_yield_when_idle";

@@ -37,6 +37,14 @@ bool keep_freed_memory_for_reuse();
 // mpi_yield_when_idle V, which exports it). Returns true when it set it.
 bool mpi_yield_when_idle();
 
+// A rank whose peer's host died mid-collective writes into a connection the
+// peer's kernel reset; with SIGPIPE's default action that write ends the
+// rank at once ("Broken pipe", exit 141) before any line says which peer was
+// lost (seen with a Slurm node taken away). Ignored, the write fails with
+// EPIPE instead, the MPI call returns its error and the watchdog or the
+// checked call names the peer. Call once, first thing in main.
+void ignore_broken_pipe_signal();
+
 // Start time of process `pid` in clock ticks since boot (/proc/PID/stat
 // field 22), or -1. Together with the pid it identifies a process: a reused
 // pid has another start time.

@@ -110,6 +110,7 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
 int main(int argc, char** argv) {
   runtime::keep_freed_memory_for_reuse();  // before the first tensor: see system_info.h
   runtime::mpi_yield_when_idle();          // before MPI_Init: see system_info.h
+  runtime::ignore_broken_pipe_signal();    // a lost peer is named, not a SIGPIPE death
   // Declared first, so MPI ends after everything below is destroyed (the
   // loaders close their file collectively), on every return path.
   runtime::DistributedSession session(&argc, &argv);

@@ -202,9 +202,20 @@ void report_run_start(const TrainingParts& parts, const data::ShardedLoader& tra
   RunLog& log = parts.log;
   const auto& dataset = train_loader.info();
   const int world_size = parts.comm.world_size();
+  // Where the ranks run, as runs of consecutive ranks per host (collective):
+  // "node1 0-3; node2 4-7".
+  const auto hosts = parts.comm.gather_strings(parts.comm.host());
+  std::string placement;
+  for (size_t first = 0, last = 0; first < hosts.size(); first = last + 1) {
+    last = first;
+    while (last + 1 < hosts.size() && hosts[last + 1] == hosts[first]) ++last;
+    placement += (placement.empty() ? "" : "; ") + hosts[first] + " " + std::to_string(first) +
+                 (last > first ? "-" + std::to_string(last) : std::string());
+  }
   log.info("vqa_train: " + std::to_string(world_size) + " rank(s), device " + parts.device.str() +
            ", " + std::to_string(torch::get_num_threads()) + " thread(s)/rank, communicator " +
            runtime::backend_name(parts.comm.backend()) + ", BLAS: " + runtime::blas_description());
+  log.info("ranks by host: " + placement);
   log.info("model: " + model::model_config_describe(model_config) + ", " +
            std::to_string(model::parameter_count(*parts.model)) + " parameters");
   log.info("data: " + std::to_string(dataset.num_questions) + " train / " +

@@ -98,8 +98,9 @@ std::string resume_if_asked(const TrainConfig& config, model::M3AE& model, VqaOp
 void save_resolved_config(const TrainConfig& config, const std::string& config_ini,
                           const runtime::RankInfo& rank);
 
-// The run's description for the log: ranks, device, threads, BLAS, model,
-// data and batch arithmetic, gradient buckets, the probe, where it resumed.
+// The run's description for the log: ranks and their hosts, device, threads,
+// BLAS, model, data and batch arithmetic, gradient buckets, the probe, where
+// it resumed. Collective (the hosts are gathered).
 void report_run_start(const TrainingParts& parts, const data::ShardedLoader& train_loader,
                       const data::ShardedLoader& test_loader,
                       const model::ModelConfig& model_config, const AllreduceProbe& probe,

@@ -60,13 +60,12 @@ shaper_bytes() {
   tc -s -n "$name-h$1" qdisc show dev vqa0 | awk '/^ Sent/ {print $2; exit}'
 }
 
-# submit LAUNCHER SRUN_MPI RUN_DIR: prints the job id. --timeline (a trace of
-# steps 10-14, timing only) is where vqa_train names each rank's host.
+# submit LAUNCHER SRUN_MPI RUN_DIR: prints the job id.
 submit() {
   sbatch --parsable --output="$work/job-%j.out" --nodes=2 --ntasks-per-node=1 \
     --cpus-per-task=1 --gpus-per-node=0 --time=30 \
     --export="ALL,VQA_LAUNCHER=$1,VQA_SRUN_MPI=$2,VQA_BUILD=$build,VQA_RUN_DIR=$3" \
-    jobs/slurm/train_multinode.sbatch "$config" "${train_args[@]}" --timeline "$3/timeline.json"
+    jobs/slurm/train_multinode.sbatch "$config" "${train_args[@]}"
 }
 
 # run_job LAUNCHER SRUN_MPI RUN_DIR: submits, waits, prints the job's output;
@@ -94,20 +93,13 @@ check_trained() {
     fail "job $job ($launcher) ended $state with exit code $exit_code"
   grep -q "launcher $launcher: $launcher " "$output" || fail "job $job did not launch with $launcher"
   [[ -f $run_dir/DONE ]] || fail "no DONE marker in $run_dir"
-  # Where each rank ran, as vqa_train names it (its own host name, which
-  # here is the emulated host's): the timeline's process names.
+  # Where each rank ran, as vqa_train's train.log names it (each rank's own
+  # host name, here the emulated host's).
   local rank_hosts
-  rank_hosts=$(python3 - "$run_dir/timeline.json" <<'PY'
-import json, sys
-trace = json.load(open(sys.argv[1]))
-events = trace["traceEvents"] if isinstance(trace, dict) else trace
-names = sorted({e["args"]["name"] for e in events if e.get("name") == "process_name"})
-print("; ".join(names))
-PY
-  ) || fail "job $job: no readable $run_dir/timeline.json"
-  echo "ranks and hosts (timeline.json): $rank_hosts"
-  [[ $rank_hosts == "rank 0 ($name-h0); rank 1 ($name-h1)" ]] ||
-    fail "job $job: expected rank 0 on $name-h0 and rank 1 on $name-h1, got: $rank_hosts"
+  rank_hosts=$(sed -n 's/^ranks by host: //p' "$run_dir/train.log" | head -n 1)
+  echo "ranks by host (train.log): $rank_hosts"
+  [[ $rank_hosts == "$name-h0 0; $name-h1 1" ]] ||
+    fail "job $job: expected rank 0 on $name-h0 and rank 1 on $name-h1, got: '$rank_hosts'"
   # The gradients crossed the shaped link: the bus bandwidth the run
   # measured for its allreduces is the link's (1 Gbit/s = 0.125 GB/s each
   # way, a little more while tc's burst lasts), not shared memory's (GB/s);
