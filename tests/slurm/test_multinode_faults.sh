@@ -22,13 +22,10 @@
 #
 #   tests/slurm/test_multinode_faults.sh SOURCE_DIR BUILD_DIR
 #
-# Not registered with CTest yet: case 2 fails in some runs. When the peer's
-# TCP connection is reset while rank 0 writes to it, rank 0 dies of SIGPIPE
-# at once (srun: "task 0: Broken pipe", exit 141) and nothing names the lost
-# rank; in the other runs the write fails without the signal and the
-# collective watchdog names "rank 1 (HOST-h1)" at --comm-timeout. vqa_train
-# ignoring SIGPIPE would make the second outcome the only one. Case 1
-# passes.
+# A rank whose peer's host is gone may write into the reset connection;
+# vqa_train ignores SIGPIPE (runtime/system_info.h), so the write fails and
+# the watchdog names the rank instead of the signal ending it unnamed (which
+# happened in some runs before). About 2 minutes.
 #
 # Needs root and network namespaces; exits 77 (CTest: skipped) otherwise.
 set -euo pipefail
