@@ -32,7 +32,7 @@ AllreduceMethod allreduce_method_fastest(const std::vector<AllreduceTiming>& tim
     }
   }
   if (library == nullptr) throw std::logic_error("allreduce_method_fastest: no library timing");
-  if (other != nullptr && other->seconds < kRingMustBeFasterBy * library->seconds) {
+  if (other != nullptr && other->seconds < kLibraryUnlessFasterBy * library->seconds) {
     return other->method;
   }
   return library->method;

@@ -34,7 +34,7 @@ std::string allreduce_method_name(const AllreduceMethod& method);
 // Another method must beat the library by this factor to be chosen: where
 // they are within the probe's noise the library is kept, so a wrong pick
 // costs at most this much.
-constexpr double kRingMustBeFasterBy = 0.95;
+constexpr double kLibraryUnlessFasterBy = 0.95;
 
 // The probe's sizes: powers of two from `smallest` (rounded up to one) up to
 // `largest`; none when that leaves none. A larger message takes the largest
@@ -48,7 +48,7 @@ struct AllreduceTiming {
 };
 
 // The fastest candidate, with the library kept unless another is faster by
-// kRingMustBeFasterBy. `timings` must hold the library.
+// kLibraryUnlessFasterBy. `timings` must hold the library.
 AllreduceMethod allreduce_method_fastest(const std::vector<AllreduceTiming>& timings);
 
 // The probed sizes and their choices. lookup(bytes) answers with the choice

@@ -119,9 +119,10 @@ class MpiCommunicator final : public Communicator {
   }
 
   // --mpi-allreduce auto: every power of two from 64 KiB up to `bytes` not
-  // probed yet, each timed with the library and the ring at both segment
-  // sizes; later allreduces use the nearest size's choice. ring: the ring's
-  // segment size at `bytes`. library: nothing to choose.
+  // probed yet, each timed with the ring at both segment sizes, the
+  // library's reduce-scatter + allgather and its allreduce; later allreduces
+  // use the nearest size's choice. ring: the ring's segment size at `bytes`.
+  // library: nothing to choose.
   std::string tune_allreduce(int64_t bytes) override {
     if (info_.world_size < 2 || bytes < kRingMinBytes) return "";
     if (algorithm_ == MpiAllreduce::kRing) return tune_ring_segment(bytes);
@@ -369,8 +370,9 @@ class MpiCommunicator final : public Communicator {
   MpiAllreduce algorithm_;
   int64_t segment_bytes_ = kRingSegmentLarge;  // --mpi-allreduce ring: tune_allreduce may change it
   AllreduceChoiceTable choices_{kRingMinBytes};  // --mpi-allreduce auto: filled by tune_allreduce
-  std::vector<char>
-      ring_scratch_;  // the ring's receive buffer, reused (progress thread or drained caller)
+  // The ring's receive buffer and reduce-scatter's block, reused (progress
+  // thread or drained caller).
+  std::vector<char> ring_scratch_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Op bf16_sum_op_ = MPI_OP_NULL;
   std::unique_ptr<CollectiveTracker> tracker_;

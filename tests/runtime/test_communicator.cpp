@@ -157,7 +157,7 @@ TEST(AllreduceChoice, ProbeSizesMarginAndNearestSize) {
   const AllreduceMethod library{};
   const AllreduceMethod ring_large{AllreduceAlgorithm::kRing, 1 << 20};
   const AllreduceMethod ring_eager{AllreduceAlgorithm::kRing, 60 << 10};
-  // 4% faster is within the margin (kRingMustBeFasterBy = 0.95): the library stays.
+  // 4% faster is within the margin (kLibraryUnlessFasterBy = 0.95): the library stays.
   EXPECT_EQ(vqa::runtime::allreduce_method_fastest(
                 {{library, 1.0}, {ring_large, 0.96}, {ring_eager, 0.97}}),
             library);
