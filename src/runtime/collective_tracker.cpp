@@ -18,6 +18,10 @@ const char* collective_kind_name(CollectiveKind kind) {
       return "scalar allreduce";
     case CollectiveKind::kGather:
       return "string gather";
+    case CollectiveKind::kReduceScatter:
+      return "reduce-scatter";
+    case CollectiveKind::kAllgather:
+      return "allgather";
   }
   return "collective";
 }

@@ -104,6 +104,22 @@ class Communicator {
     allreduce_async(buffer, op)->wait();
   }
 
+  // The two halves of an allreduce, for sharded optimiser state (ZeRO-1),
+  // in place on `buffer` (contiguous, float32 or bfloat16, numel a multiple
+  // of world_size(), split into world_size() equal blocks, block r being
+  // rank r's), launched and waited for like allreduce_async:
+  // reduce_scatter_async leaves in this rank's block the sum (or average)
+  // over ranks of that block (the other blocks are left undefined);
+  // allgather_async copies every rank's own block into that block of every
+  // rank's buffer.
+  virtual WorkHandle reduce_scatter_async(const torch::Tensor& buffer, ReduceOp op) = 0;
+  virtual WorkHandle allgather_async(const torch::Tensor& buffer) = 0;
+  // This rank's block of a buffer split as above.
+  torch::Tensor own_block(const torch::Tensor& buffer) const {
+    const int64_t block = buffer.numel() / world_size();
+    return buffer.narrow(0, block * rank(), block);
+  }
+
   // Collective: lets the backend measure its choices for allreduces of up to
   // `bytes` on this fabric and keep the fastest (the MPI backend's algorithm
   // per message size, or the ring's segment size); returns one line for the

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -67,9 +68,12 @@ class MpiWork final : public Work {
   bool done_ = false;
 };
 
-struct PendingAllreduce {
+// A collective queued for the progress thread (kAllreduce, kReduceScatter
+// or kAllgather).
+struct PendingCollective {
+  CollectiveKind kind = CollectiveKind::kAllreduce;
   torch::Tensor buffer;
-  ReduceOp op;
+  ReduceOp op = ReduceOp::kSum;
   std::shared_ptr<MpiWork> work;
 };
 
@@ -100,13 +104,19 @@ class MpiCommunicator final : public Communicator {
 
   WorkHandle allreduce_async(const torch::Tensor& buffer, ReduceOp op) override {
     check_buffer(buffer, "allreduce_async");
-    auto work = std::make_shared<MpiWork>();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back(PendingAllreduce{buffer, op, work});
-    }
-    queue_cv_.notify_one();
-    return work;
+    return enqueue(PendingCollective{CollectiveKind::kAllreduce, buffer, op, nullptr});
+  }
+
+  WorkHandle reduce_scatter_async(const torch::Tensor& buffer, ReduceOp op) override {
+    check_buffer(buffer, "reduce_scatter_async");
+    check_blocks(buffer, "reduce_scatter_async");
+    return enqueue(PendingCollective{CollectiveKind::kReduceScatter, buffer, op, nullptr});
+  }
+
+  WorkHandle allgather_async(const torch::Tensor& buffer) override {
+    check_buffer(buffer, "allgather_async");
+    check_blocks(buffer, "allgather_async");
+    return enqueue(PendingCollective{CollectiveKind::kAllgather, buffer, ReduceOp::kSum, nullptr});
   }
 
   // Runs on the calling thread once earlier work is done: a blocking call
@@ -114,8 +124,8 @@ class MpiCommunicator final : public Communicator {
   void allreduce(const torch::Tensor& buffer, ReduceOp op) override {
     check_buffer(buffer, "allreduce");
     drain();
-    PendingAllreduce pending{buffer, op, nullptr};
-    run_allreduce(pending);
+    PendingCollective pending{CollectiveKind::kAllreduce, buffer, op, nullptr};
+    run_collective(pending);
   }
 
   // --mpi-allreduce auto: every power of two from 64 KiB up to `bytes` not
@@ -176,6 +186,26 @@ class MpiCommunicator final : public Communicator {
                   std::string(c10::toString(buffer.scalar_type())));
   }
 
+  void check_blocks(const torch::Tensor& buffer, const char* what) const {
+    VQA_CHECK(buffer.numel() % info_.world_size == 0,
+              std::string(what) + " needs a buffer of a multiple of " +
+                  std::to_string(info_.world_size) + " elements, got " +
+                  std::to_string(buffer.numel()));
+    VQA_CHECK(buffer.numel() / info_.world_size <= std::numeric_limits<int>::max(),
+              std::string(what) + ": blocks of more than 2^31 - 1 elements");
+  }
+
+  WorkHandle enqueue(PendingCollective pending) {
+    pending.work = std::make_shared<MpiWork>();
+    WorkHandle work = pending.work;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(pending));
+    }
+    queue_cv_.notify_one();
+    return work;
+  }
+
   // Collectives on comm_ must not interleave with the progress thread's, so
   // blocking calls from the main thread first wait for the queue to empty.
   void drain() {
@@ -185,7 +215,7 @@ class MpiCommunicator final : public Communicator {
 
   void progress_loop() {
     for (;;) {
-      PendingAllreduce next;
+      PendingCollective next;
       {
         std::unique_lock<std::mutex> lock(mutex_);
         queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
@@ -194,7 +224,7 @@ class MpiCommunicator final : public Communicator {
         queue_.pop_front();
         busy_ = true;
       }
-      run_allreduce(next);
+      run_collective(next);
       next.work->mark_done();
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -204,18 +234,40 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  void run_allreduce(PendingAllreduce& pending) {
+  void run_collective(PendingCollective& pending) {
     torch::Tensor& buffer = pending.buffer;
     const bool is_bf16 = buffer.scalar_type() == torch::kBFloat16;
     char* data = static_cast<char*>(buffer.data_ptr());
     const int64_t element_size = buffer.element_size();
     const int64_t bytes = buffer.numel() * element_size;
+    const MPI_Datatype type = is_bf16 ? MPI_UINT16_T : MPI_FLOAT;
+    const int block = static_cast<int>(buffer.numel() / info_.world_size);
     const double began = util::steady_seconds();
-    const int64_t sequence = tracker_->begin(CollectiveKind::kAllreduce, bytes);
-    sum_in_place(data, buffer.numel(), is_bf16, method_for(bytes));
+    const int64_t sequence = tracker_->begin(pending.kind, bytes);
+    switch (pending.kind) {
+      case CollectiveKind::kReduceScatter:
+        // Rank r's block of the sum lands in the scratch buffer, then in
+        // place (MPI_IN_PLACE would put it at the buffer's start).
+        ring_scratch_.resize(static_cast<size_t>(block * element_size));
+        VQA_CHECK_MPI_IN(tracker_.get(),
+                         MPI_Reduce_scatter_block(data, ring_scratch_.data(), block, type,
+                                                  is_bf16 ? bf16_sum_op_ : MPI_SUM, comm_));
+        std::copy(ring_scratch_.begin(), ring_scratch_.end(),
+                  data + int64_t{block} * info_.rank * element_size);
+        break;
+      case CollectiveKind::kAllgather:
+        VQA_CHECK_MPI_IN(tracker_.get(), MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data,
+                                                       block, type, comm_));
+        break;
+      default:
+        sum_in_place(data, buffer.numel(), is_bf16, method_for(bytes));
+        break;
+    }
     tracker_->end(sequence);
-    if (pending.op == ReduceOp::kAverage && info_.world_size > 1) {
-      buffer.div_(static_cast<double>(info_.world_size));
+    if (pending.op == ReduceOp::kAverage && info_.world_size > 1 &&
+        pending.kind != CollectiveKind::kAllgather) {
+      (pending.kind == CollectiveKind::kReduceScatter ? own_block(buffer) : buffer)
+          .div_(static_cast<double>(info_.world_size));
     }
     if (pending.work)
       pending.work->set_times(began, util::steady_seconds());  // null: blocking call
@@ -380,7 +432,7 @@ class MpiCommunicator final : public Communicator {
   std::mutex mutex_;
   std::condition_variable queue_cv_;
   std::condition_variable idle_cv_;
-  std::deque<PendingAllreduce> queue_;
+  std::deque<PendingCollective> queue_;
   bool busy_ = false;
   bool stopping_ = false;
 };

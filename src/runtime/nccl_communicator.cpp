@@ -112,6 +112,39 @@ class NcclCommunicator final : public Communicator {
     return std::make_shared<NcclWork>(std::move(done), compute);
   }
 
+  // In place as NCCL defines it: the receive buffer is the send buffer's
+  // block of this rank.
+  WorkHandle reduce_scatter_async(const torch::Tensor& buffer, ReduceOp op) override {
+    check_buffer(buffer);
+    check_blocks(buffer);
+    cudaStream_t compute = compute_stream(device_);
+    order_after(compute);
+    const int64_t sequence =
+        tracker_->begin(CollectiveKind::kReduceScatter, buffer.numel() * buffer.element_size());
+    const torch::Tensor block = own_block(buffer);
+    VQA_CHECK_NCCL_IN(
+        tracker_.get(),
+        ncclReduceScatter(buffer.data_ptr(), block.data_ptr(), block.numel(), nccl_type(buffer),
+                          op == ReduceOp::kAverage ? ncclAvg : ncclSum, comm_, comm_stream_));
+    SharedEvent done = record_completion(sequence);
+    return std::make_shared<NcclWork>(std::move(done), compute);
+  }
+
+  WorkHandle allgather_async(const torch::Tensor& buffer) override {
+    check_buffer(buffer);
+    check_blocks(buffer);
+    cudaStream_t compute = compute_stream(device_);
+    order_after(compute);
+    const int64_t sequence =
+        tracker_->begin(CollectiveKind::kAllgather, buffer.numel() * buffer.element_size());
+    const torch::Tensor block = own_block(buffer);
+    VQA_CHECK_NCCL_IN(tracker_.get(),
+                      ncclAllGather(block.data_ptr(), buffer.data_ptr(), block.numel(),
+                                    nccl_type(buffer), comm_, comm_stream_));
+    SharedEvent done = record_completion(sequence);
+    return std::make_shared<NcclWork>(std::move(done), compute);
+  }
+
   void broadcast(const torch::Tensor& buffer, int root) override {
     check_buffer(buffer);
     order_after(compute_stream(device_));
@@ -155,6 +188,13 @@ class NcclCommunicator final : public Communicator {
               "NCCL communicator needs a tensor on cuda:" + std::to_string(device_) + ", got " +
                   buffer.device().str());
     VQA_CHECK(buffer.is_contiguous(), "NCCL collectives need a contiguous tensor");
+  }
+
+  void check_blocks(const torch::Tensor& buffer) const {
+    VQA_CHECK(buffer.numel() % info_.world_size == 0,
+              "NCCL reduce-scatter and allgather need a multiple of " +
+                  std::to_string(info_.world_size) + " elements, got " +
+                  std::to_string(buffer.numel()));
   }
 
   // Records an event after collective `sequence` on the communication stream

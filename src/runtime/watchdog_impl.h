@@ -14,7 +14,15 @@
 
 namespace vqa::runtime {
 
-enum class CollectiveKind : int64_t { kAllreduce = 1, kBroadcast, kBarrier, kScalar, kGather };
+enum class CollectiveKind : int64_t {
+  kAllreduce = 1,
+  kBroadcast,
+  kBarrier,
+  kScalar,
+  kGather,
+  kReduceScatter,
+  kAllgather
+};
 const char* collective_kind_name(CollectiveKind kind);
 
 // One rank's view of one communicator's collectives, at one moment.

@@ -112,6 +112,7 @@ GradientSyncOptions gradient_sync_options_from(const TrainConfig& config, double
   options.bucket_mb = bucket_mb;
   options.bf16 = config.bf16_allreduce;
   options.skip_allreduce = config.no_comm;
+  options.shard = config.shard_optimizer;
   options.row_sync_parameter = rows.parameter;
   options.row_sync_expected_rows = rows.expected_rows;
   return options;

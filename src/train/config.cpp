@@ -119,6 +119,11 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
                   "the full average) | off (the whole table) | auto (on when it surely sends "
                   "fewer bytes: more than one rank and fewer token positions per step than rows)",
                   kSparseEmbeddingSyncNames)
+      .add("shard-optimizer", &c.shard_optimizer,
+           "ZeRO-1: each of N ranks keeps and updates 1/N of the AdamW moments; gradient "
+           "buckets are reduce-scattered and the updated parameters all-gathered (the same "
+           "bytes as the allreduce); checkpoints hold the whole state and resume at any rank "
+           "count. Needs 2 or more ranks")
       .add_choice(
           "precision", &c.precision,
           "fp32 | bf16 (bfloat16 autocast of the forward pass on GPU) | fp16 (float16 autocast "
@@ -326,6 +331,16 @@ void config_finalize(TrainConfig& c, int world_size) {
   if (c.faults.aten_fused_adamw && !aten_fused_adamw_available()) {
     fatal_user_error(std::string("--test-aten-fused-adamw needs LibTorch 2.4 or later; this is ") +
                      TORCH_VERSION);
+  }
+  if (c.shard_optimizer && world_size < 2) {
+    fatal_user_error(
+        "--shard-optimizer splits the optimiser state over the ranks; with 1 rank there is "
+        "nothing to split (drop the option, or start 2 or more ranks)");
+  }
+  if (c.shard_optimizer && c.no_comm) {
+    fatal_user_error(
+        "--shard-optimizer with --no-comm: each rank would update only its share of the "
+        "parameters and never receive the others'; drop one of the two");
   }
   if (c.eval_only && c.init_from.empty() && c.resume.empty()) {
     fatal_user_error(

@@ -93,6 +93,8 @@ struct TrainConfig {
   double bucket_mb = 0.0;  // 0: auto, from the start-up probe (gradient_bucket_mb)
   bool bf16_allreduce = false;
   SparseEmbeddingSync sparse_embedding_sync = SparseEmbeddingSync::kAuto;
+  // ZeRO-1: each rank keeps and updates 1/N of the AdamW state (gradient_sync.h)
+  bool shard_optimizer = false;
   bool bf16_autocast = false;  // the older spelling of precision = "bf16"
   // bf16: bfloat16 autocast, GPU; fp16: float16 autocast on GPU with dynamic
   // loss scaling (on the CPU the loss scaler around float32)

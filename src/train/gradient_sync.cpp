@@ -78,6 +78,12 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
           Slot{static_cast<int64_t>(buckets_.size()), elements, static_cast<int64_t>(k)};
       elements += parameters_[index].tensor.numel();
     }
+    // Sharded: padded to equal blocks, rank r's block is its own.
+    const int64_t ranks = comm_.world_size();
+    bucket.sharded = options_.shard && bucket.row_width == 0;
+    if (bucket.sharded) elements = (elements + ranks - 1) / ranks * ranks;
+    bucket.begin = bucket.sharded ? elements / ranks * comm_.rank() : 0;
+    bucket.end = bucket.sharded ? bucket.begin + elements / ranks : elements;
     const auto& device = parameters_[group.front()].tensor.device();
     bucket.parameters = std::move(group);
     bucket.flat =
@@ -100,6 +106,7 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
         buckets_[slot.bucket].flat.narrow(0, slot.offset, tensor.numel()).view(tensor.sizes()));
   }
   touched_.assign(parameters_.size(), false);
+  if (options_.shard) make_flat_parameters();
 
   // A post hook on each parameter's gradient accumulator (as DDP's reducer
   // does): it runs after autograd has put this backward's gradient into
@@ -111,6 +118,24 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
               "parameter " + parameters_[i].name + " has no gradient accumulator");
     accumulator->add_post_hook(std::make_unique<ArrivalHook>(this, i));
     accumulators_.push_back(std::move(accumulator));
+  }
+}
+
+// Each bucket's parameters move into one flat buffer with the gradients'
+// layout (the padding stays zero): the parameter keeps its identity (its
+// autograd accumulator, the optimiser's groups) and takes a view of the
+// buffer as its data, as set_data does for PyTorch's `param.data = ...`.
+void GradientSynchronizer::make_flat_parameters() {
+  torch::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) {
+    bucket.values = torch::zeros_like(bucket.flat);
+    for (const int64_t index : bucket.parameters) {
+      torch::Tensor& parameter = parameters_[index].tensor;
+      auto view =
+          bucket.values.narrow(0, slots_[index].offset, parameter.numel()).view(parameter.sizes());
+      view.copy_(parameter);
+      parameter.set_data(view);
+    }
   }
 }
 
@@ -210,11 +235,11 @@ void GradientSynchronizer::launch_ready_buckets() {
       const auto rows = bucket.flat.view({-1, bucket.row_width}).index_select(0, row_index_);
       bucket.wire = options_.bf16 ? rows.to(torch::kBFloat16) : rows;
       bucket.work = comm_.allreduce_async(bucket.wire, runtime::ReduceOp::kAverage);
-    } else if (options_.bf16) {
-      bucket.wire.copy_(bucket.flat);
-      bucket.work = comm_.allreduce_async(bucket.wire, runtime::ReduceOp::kAverage);
     } else {
-      bucket.work = comm_.allreduce_async(bucket.flat, runtime::ReduceOp::kAverage);
+      if (options_.bf16) bucket.wire.copy_(bucket.flat);
+      const torch::Tensor& sent = options_.bf16 ? bucket.wire : bucket.flat;
+      bucket.work = bucket.sharded ? comm_.reduce_scatter_async(sent, runtime::ReduceOp::kAverage)
+                                   : comm_.allreduce_async(sent, runtime::ReduceOp::kAverage);
     }
     const int64_t bytes =
         static_cast<int64_t>((bucket.wire.defined() ? bucket.wire : bucket.flat).nbytes());
@@ -268,7 +293,7 @@ void GradientSynchronizer::finish_backward() {
             .index_copy_(0, row_index_, bucket.wire.to(torch::kFloat32));
         stats_.synced_rows += row_index_.numel();
       } else if (options_.bf16) {
-        bucket.flat.copy_(bucket.wire);
+        bucket.owned(bucket.flat).copy_(bucket.owned(bucket.wire));
       }
     }
     stats_.bytes_per_step = 0;
@@ -289,20 +314,84 @@ bool GradientSynchronizer::gradients_finite() const {
   // makes it non-finite). One float32 pass; only a sum that is not finite,
   // which finite values can also reach by overflow, gets the exact check.
   std::vector<torch::Tensor> sums;
-  for (const auto& bucket : buckets_) sums.push_back(bucket.flat.sum());
-  if (torch::isfinite(torch::stack(sums)).all().item<bool>()) return true;
-  for (const auto& bucket : buckets_) {
-    if (!torch::isfinite(bucket.flat).all().item<bool>()) return false;
+  for (const auto& bucket : buckets_) sums.push_back(bucket.owned(bucket.flat).sum());
+  bool finite = torch::isfinite(torch::stack(sums)).all().item<bool>();
+  if (!finite) {
+    finite = true;
+    for (const auto& bucket : buckets_) {
+      if (!torch::isfinite(bucket.owned(bucket.flat)).all().item<bool>()) finite = false;
+    }
   }
-  return true;
+  // Sharded: each rank checked its own blocks; every rank decides alike.
+  if (options_.shard) finite = comm_.min(finite ? 1.0 : 0.0) > 0.0;
+  return finite;
 }
 
 torch::Tensor GradientSynchronizer::nonfinite_flag() const {
   torch::NoGradGuard no_grad;
   if (buckets_.empty()) return torch::zeros({}, torch::kBool);
   std::vector<torch::Tensor> sums;
-  for (const auto& bucket : buckets_) sums.push_back(bucket.flat.sum());
-  return torch::logical_not(torch::isfinite(torch::stack(sums))).any();
+  for (const auto& bucket : buckets_) sums.push_back(bucket.owned(bucket.flat).sum());
+  return any_rank(torch::logical_not(torch::isfinite(torch::stack(sums))).any());
+}
+
+torch::Tensor GradientSynchronizer::any_rank(const torch::Tensor& flag) const {
+  if (!options_.shard) return flag;
+  torch::NoGradGuard no_grad;
+  auto count = flag.to(torch::kFloat32).reshape({1}).contiguous();
+  comm_.allreduce(count, runtime::ReduceOp::kSum);
+  return count.gt(0).reshape({});
+}
+
+void GradientSynchronizer::clip_gradient_norm(double max_norm) {
+  torch::NoGradGuard no_grad;
+  if (buckets_.empty()) return;
+  // Squares summed over the owned blocks (accumulated in float64: the sum
+  // runs over blocks that cut across parameters, so its rounding should not
+  // depend on where they are cut): the sharded buckets' are added up over
+  // the ranks, a replicated bucket (the same on every rank) counts once.
+  std::vector<torch::Tensor> sharded, replicated;
+  for (const auto& bucket : buckets_) {
+    auto& into = bucket.sharded ? sharded : replicated;
+    into.push_back(torch::linalg_vector_norm(bucket.owned(bucket.flat), 2, c10::nullopt,
+                                             /*keepdim=*/false, torch::kFloat64)
+                       .square());
+  }
+  const auto options = buckets_.front().flat.options().dtype(torch::kFloat64);
+  auto total =
+      sharded.empty() ? torch::zeros({1}, options) : torch::stack(sharded).sum().reshape({1});
+  auto sent = total.to(torch::kFloat32);  // the MPI backend sends float32 and bfloat16
+  comm_.allreduce(sent, runtime::ReduceOp::kSum);
+  total = sent.to(torch::kFloat64);
+  if (!replicated.empty()) total = total + torch::stack(replicated).sum();
+  const auto scale = (max_norm / (total.sqrt() + 1e-6)).clamp_max(1.0).to(torch::kFloat32);
+  for (auto& bucket : buckets_) bucket.owned(bucket.flat).mul_(scale);
+}
+
+std::vector<ShardBucket> GradientSynchronizer::shard_layout() const {
+  std::vector<ShardBucket> layout;
+  for (const auto& bucket : buckets_) {
+    ShardBucket shard{bucket.values, bucket.flat, bucket.begin, bucket.end, bucket.sharded, {}};
+    for (const int64_t index : bucket.parameters) {
+      shard.members.push_back({parameters_[index].tensor, slots_[index].offset});
+    }
+    layout.push_back(std::move(shard));
+  }
+  return layout;
+}
+
+void GradientSynchronizer::gather_parameters(int64_t bucket) {
+  Bucket& b = buckets_.at(bucket);
+  if (!b.sharded || options_.skip_allreduce) return;
+  b.gather = comm_.allgather_async(b.values);
+}
+
+void GradientSynchronizer::wait_parameters() {
+  for (auto& bucket : buckets_) {
+    if (!bucket.gather) continue;
+    bucket.gather->wait();
+    bucket.gather.reset();
+  }
 }
 
 std::vector<BucketTiming> GradientSynchronizer::last_step_timings() const {
@@ -319,7 +408,7 @@ std::vector<BucketTiming> GradientSynchronizer::last_step_timings() const {
 
 std::vector<torch::Tensor> GradientSynchronizer::bucket_gradients() const {
   std::vector<torch::Tensor> flats;
-  for (const auto& bucket : buckets_) flats.push_back(bucket.flat);
+  for (const auto& bucket : buckets_) flats.push_back(bucket.owned(bucket.flat));
   return flats;
 }
 

@@ -21,6 +21,19 @@
 // rank, so its average is the zero already there. The result equals the
 // dense average (the same sums, element by element), with rows x width
 // values sent instead of the table's.
+//
+// Sharded optimiser state (GradientSyncOptions::shard, ZeRO-1): every bucket
+// but the row bucket is padded to a multiple of the rank count and split
+// into that many equal blocks; rank r owns block r. The parameters become
+// views of a flat float32 buffer per bucket with the gradients' layout
+// (shard_layout()). A bucket is reduce-scattered instead of allreduced, so
+// after finish_backward() only the owned block holds the average; the
+// optimiser updates the owned block of the values, and gather_parameters()
+// all-gathers them back into every rank's copy (the same bytes as an
+// allreduce, in two halves). The row bucket stays replicated: its few rows
+// are allreduced and every rank updates the whole table, since the table's
+// every row changes each step (weight decay, Adam's moments) and gathering
+// it would send it whole.
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -32,6 +45,7 @@
 #include <vector>
 
 #include "runtime/communicator.h"  // Communicator, WorkHandle
+#include "train/shard_layout.h"    // ShardBucket
 
 namespace vqa::train {
 
@@ -52,6 +66,8 @@ struct GradientSyncOptions {
   std::string row_sync_parameter;
   // Rows expected per step before the first one is seen (bucket_bytes()).
   int64_t row_sync_expected_rows = 0;
+  // ZeRO-1: reduce-scatter the buckets, parameters in flat buffers (above).
+  bool shard = false;
 };
 
 struct GradientSyncStats {
@@ -130,12 +146,30 @@ class GradientSynchronizer {
   std::vector<int64_t> bucket_bytes() const;
   // True when a parameter is synchronised by rows.
   bool row_sync() const { return row_bucket_ >= 0; }
-  // The buckets' float32 buffers: every gradient, as param.grad() views them.
+  // The buckets' float32 buffers: every gradient, as param.grad() views them
+  // (sharded: this rank's blocks, the only averaged part).
   std::vector<torch::Tensor> bucket_gradients() const;
   // Bytes the buckets hold: the float32 gradients and the bfloat16 copies sent.
   int64_t memory_bytes() const;
   // The buckets of the last synchronised step, in launch order.
   std::vector<BucketTiming> last_step_timings() const;
+
+  // ---- sharded optimiser state (options.shard) -------------------------------
+  bool sharded() const { return options_.shard; }
+  // The flat buffers and the owned ranges, for the optimiser.
+  std::vector<ShardBucket> shard_layout() const;
+  // Launches the allgather of bucket `bucket`'s values once the optimiser
+  // has updated this rank's block (no-op for a replicated bucket).
+  void gather_parameters(int64_t bucket);
+  // Waits for the allgathers launched since the last call: call before the
+  // parameters are read (the next forward, evaluation, a checkpoint).
+  void wait_parameters();
+  // `flag` (0-dim bool on the device, true: some owned gradient is not
+  // finite) or-ed over the ranks; unchanged when not sharded.
+  torch::Tensor any_rank(const torch::Tensor& flag) const;
+  // Scales the owned gradients so that the global L2 norm (over every
+  // rank's blocks) is at most max_norm; the scale stays on the device.
+  void clip_gradient_norm(double max_norm);
 
  private:
   struct Slot {
@@ -152,12 +186,22 @@ class GradientSynchronizer {
     std::vector<bool> arrived;
     runtime::WorkHandle work;
     double launched = 0.0;  // steady_clock seconds
+    // Sharded optimiser state: the parameters' flat values, this rank's block.
+    torch::Tensor values;
+    bool sharded = false;
+    int64_t begin = 0, end = 0;
+    runtime::WorkHandle gather;
+    // The block this rank averages and updates (the whole bucket unless sharded).
+    torch::Tensor owned(const torch::Tensor& flat) const {
+      return flat.narrow(0, begin, end - begin);
+    }
   };
 
   class ArrivalHook;
   void on_gradient(int64_t index);
   void launch_ready_buckets();
   void note_rows(const torch::Tensor& row_ids);
+  void make_flat_parameters();
   void gather_rows();
 
   std::vector<NamedTensor> parameters_;

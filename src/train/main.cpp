@@ -81,6 +81,22 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
       config, rank.world_size, parameters, train_loader.info().max_question_length, log);
   train::GradientSynchronizer gradients(
       std::move(parameters), *comm, train::gradient_sync_options_from(config, bucket_mb, row_sync));
+  if (config.shard_optimizer) {
+    const auto layout = gradients.shard_layout();
+    int64_t owned = 0, total = 0;
+    for (const auto& bucket : layout) {
+      if (!bucket.sharded) continue;
+      owned += bucket.end - bucket.begin;
+      total += bucket.values.numel();
+    }
+    optimizer.shard(layout, [&gradients](int64_t bucket) { gradients.gather_parameters(bucket); });
+    log.info("--shard-optimizer: rank 0 updates " + std::to_string(owned) + " of the " +
+             std::to_string(total) + " sharded values" +
+             (gradients.row_sync() ? " plus the word embedding, which is synchronised by rows "
+                                     "and stays whole on every rank"
+                                   : "") +
+             "; buckets are reduce-scattered, the parameters all-gathered after the step");
+  }
   comm->barrier();  // the phase timers and the timeline start together on every rank
   train::StepTimer timer(device, config.phase_timers);
   train::Timeline timeline(config.timeline, config.timeline_first_step, config.timeline_steps);

@@ -107,6 +107,27 @@ std::vector<std::pair<torch::Tensor, int>> grouped_parameters(model::M3AE& model
 
 }  // namespace
 
+// ZeRO-1's state (VqaOptimizer::shard): a run of one parameter inside one
+// bucket's owned range.
+struct ShardSegment {
+  int64_t bucket = 0;
+  int64_t offset = 0;  // elements into the bucket's flat buffers
+  int64_t length = 0;
+  int64_t parameter_offset = 0;  // elements into the parameter
+  size_t group = 0;              // index into adamw().param_groups()
+  torch::Tensor parameter;
+};
+
+struct VqaOptimizer::ShardState {
+  std::vector<ShardBucket> buckets;
+  std::vector<torch::Tensor> exp_avg, exp_avg_sq;  // per bucket: its owned range
+  std::vector<ShardSegment> segments;              // in bucket order
+  std::function<void(int64_t)> after_bucket;
+  int64_t step = 0;           // optimiser steps taken (every parameter steps every step)
+  torch::Tensor device_step;  // the same count on the device (ATen's fused AdamW reads it)
+  bool took_loaded_state = false;
+};
+
 void adamw_update_fused(float* parameter, const float* gradient, float* exp_avg, float* exp_avg_sq,
                         int64_t n, const AdamWCoefficients& c) {
   constexpr int64_t kGrain = 1 << 15;  // values per task: a few tens of microseconds
@@ -172,9 +193,15 @@ VqaOptimizer::VqaOptimizer(model::M3AE& model, const OptimizerSettings& settings
   on_device_path_ = aten_fused_adamw_available() && (gpu || settings.aten_fused_on_cpu);
 }
 
+VqaOptimizer::~VqaOptimizer() = default;
+
 bool VqaOptimizer::masks_on_device() const { return on_device_path_; }
 
 void VqaOptimizer::undo_step_count() {
+  if (shard_) {
+    shard_->step = std::max<int64_t>(0, shard_->step - 1);
+    return;
+  }
   for (auto& entry : adamw_->state()) {
     auto& state = static_cast<torch::optim::AdamWParamState&>(*entry.second);
     state.step(std::max<int64_t>(0, state.step() - 1));
@@ -183,6 +210,11 @@ void VqaOptimizer::undo_step_count() {
 
 int64_t VqaOptimizer::state_bytes() const {
   int64_t bytes = 0;
+  if (shard_) {
+    for (const auto& moments : {shard_->exp_avg, shard_->exp_avg_sq}) {
+      for (const auto& tensor : moments) bytes += static_cast<int64_t>(tensor.nbytes());
+    }
+  }
   for (const auto& entry : adamw_->state()) {
     const auto& state = static_cast<const torch::optim::AdamWParamState&>(*entry.second);
     if (state.exp_avg().defined()) bytes += static_cast<int64_t>(state.exp_avg().nbytes());
@@ -203,7 +235,9 @@ void VqaOptimizer::step(int64_t step, const torch::Tensor& found_inf) {
   }
   TORCH_CHECK(!found_inf.defined() || on_device_path_,
               "a device skip flag needs the ATen fused AdamW path");
-  if (on_device_path_) {
+  if (shard_) {
+    sharded_step(found_inf);
+  } else if (on_device_path_) {
     aten_fused_step(found_inf);
   } else if (settings_.fused_cpu && fused_step_possible()) {
     fused_step();
@@ -263,6 +297,29 @@ void for_each_parameter_step(torch::optim::AdamW& adamw, Step step) {
     }
   }
 }
+// The fused pass's coefficients for a group at step `step` (1-based):
+// LibTorch's AdamW, or transformers' (the m3ae recipe).
+AdamWCoefficients fused_coefficients(const torch::optim::AdamWOptions& options, int64_t step,
+                                     bool transformers) {
+  const auto [beta1, beta2] = options.betas();
+  const double bias_correction1 = 1 - std::pow(beta1, step);
+  const double bias_correction2 = 1 - std::pow(beta2, step);
+  AdamWCoefficients coefficients{};
+  coefficients.decay = static_cast<float>(1 - options.lr() * options.weight_decay());
+  coefficients.beta1 = static_cast<float>(beta1);
+  coefficients.beta2 = static_cast<float>(beta2);
+  coefficients.eps = static_cast<float>(options.eps());
+  if (transformers) {
+    coefficients.step_size =
+        static_cast<float>(options.lr() * std::sqrt(bias_correction2) / bias_correction1);
+    coefficients.sqrt_bias_correction2 = 1.0f;
+    coefficients.decay_after_step = true;
+  } else {
+    coefficients.step_size = static_cast<float>(options.lr() / bias_correction1);
+    coefficients.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));
+  }
+  return coefficients;
+}
 }  // namespace
 
 // transformers.optimization.AdamW.step (correct_bias on), in its order.
@@ -291,23 +348,7 @@ void VqaOptimizer::fused_step() {
   for_each_parameter_step(
       *adamw_, [transformers](const torch::optim::AdamWOptions& options, torch::Tensor& parameter,
                               const torch::Tensor& gradient, torch::optim::AdamWParamState& state) {
-        const auto [beta1, beta2] = options.betas();
-        const double bias_correction1 = 1 - std::pow(beta1, state.step());
-        const double bias_correction2 = 1 - std::pow(beta2, state.step());
-        AdamWCoefficients coefficients{};
-        coefficients.decay = static_cast<float>(1 - options.lr() * options.weight_decay());
-        coefficients.beta1 = static_cast<float>(beta1);
-        coefficients.beta2 = static_cast<float>(beta2);
-        coefficients.eps = static_cast<float>(options.eps());
-        if (transformers) {
-          coefficients.step_size =
-              static_cast<float>(options.lr() * std::sqrt(bias_correction2) / bias_correction1);
-          coefficients.sqrt_bias_correction2 = 1.0f;
-          coefficients.decay_after_step = true;
-        } else {
-          coefficients.step_size = static_cast<float>(options.lr() / bias_correction1);
-          coefficients.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));
-        }
+        const auto coefficients = fused_coefficients(options, state.step(), transformers);
         adamw_update_fused(parameter.data_ptr<float>(), gradient.data_ptr<float>(),
                            state.exp_avg().data_ptr<float>(), state.exp_avg_sq().data_ptr<float>(),
                            parameter.numel(), coefficients);
@@ -372,6 +413,165 @@ void VqaOptimizer::aten_fused_step(const torch::Tensor& found_inf) {
   (void)found_inf;
   TORCH_CHECK(false, "ATen's fused AdamW needs LibTorch 2.4 or later");
 #endif
+}
+
+// ---- ZeRO-1: the owned ranges of the flat buffers --------------------------
+
+void VqaOptimizer::shard(std::vector<ShardBucket> layout,
+                         std::function<void(int64_t)> after_bucket) {
+  if (!layout.empty() && layout.front().values.is_cuda() && !on_device_path_) {
+    throw std::runtime_error(
+        std::string("--shard-optimizer on a GPU needs ATen's fused AdamW (LibTorch 2.4 or "
+                    "later); this is LibTorch ") +
+        TORCH_VERSION);
+  }
+  std::map<const void*, size_t> group_of;
+  const auto& groups = adamw_->param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const auto& parameter : groups[g].params()) {
+      group_of[parameter.unsafeGetTensorImpl()] = g;
+    }
+  }
+  auto state = std::make_unique<ShardState>();
+  for (int64_t b = 0; b < static_cast<int64_t>(layout.size()); ++b) {
+    const ShardBucket& bucket = layout[b];
+    const auto options = bucket.values.options();
+    state->exp_avg.push_back(torch::zeros({bucket.end - bucket.begin}, options));
+    state->exp_avg_sq.push_back(torch::zeros({bucket.end - bucket.begin}, options));
+    for (const auto& member : bucket.members) {
+      const int64_t first = std::max(bucket.begin, member.offset);
+      const int64_t last = std::min(bucket.end, member.offset + member.parameter.numel());
+      if (first >= last) continue;
+      const auto group = group_of.find(member.parameter.unsafeGetTensorImpl());
+      TORCH_CHECK(group != group_of.end(),
+                  "a gradient bucket's parameter is in no optimiser group");
+      state->segments.push_back(
+          {b, first, last - first, first - member.offset, group->second, member.parameter});
+    }
+  }
+  state->buckets = std::move(layout);
+  state->after_bucket = std::move(after_bucket);
+  shard_ = std::move(state);
+}
+
+// Moments a checkpoint loaded into adamw()'s per-parameter states (whole
+// tensors, from any rank count) move into the owned ranges, once.
+void VqaOptimizer::take_loaded_state() {
+  ShardState& shard = *shard_;
+  if (shard.took_loaded_state) return;
+  shard.took_loaded_state = true;
+  auto& states = adamw_->state();
+  if (states.empty()) return;
+  using Key = typename std::decay_t<decltype(states)>::key_type;
+  int64_t count = -1;
+  for (const auto& segment : shard.segments) {
+    const auto found = states.find(optimizer_state_key<Key>(segment.parameter));
+    if (found == states.end()) continue;
+    const auto& loaded = static_cast<const torch::optim::AdamWParamState&>(*found->second);
+    if (count < 0) count = loaded.step();
+    TORCH_CHECK(loaded.step() == count, "the loaded optimiser state has step counts ", count,
+                " and ", loaded.step(), "; the sharded optimiser keeps one count for all");
+    const int64_t into = segment.offset - shard.buckets[segment.bucket].begin;
+    for (const auto& [moments, source] :
+         {std::pair{shard.exp_avg[segment.bucket], loaded.exp_avg()},
+          std::pair{shard.exp_avg_sq[segment.bucket], loaded.exp_avg_sq()}}) {
+      moments.narrow(0, into, segment.length)
+          .copy_(source.reshape({-1}).narrow(0, segment.parameter_offset, segment.length));
+    }
+  }
+  shard.step = std::max<int64_t>(0, count);
+  shard.device_step = torch::Tensor();
+  states.clear();
+}
+
+void VqaOptimizer::sharded_step(const torch::Tensor& found_inf) {
+  torch::NoGradGuard no_grad;
+  take_loaded_state();
+  ShardState& shard = *shard_;
+  ++shard.step;
+  const bool transformers = settings_.recipe == OptimizerRecipe::kM3ae;
+  auto& groups = adamw_->param_groups();
+  std::optional<at::Tensor> skip;
+  if (on_device_path_) {
+    if (!shard.device_step.defined()) {
+      shard.device_step = torch::full({}, static_cast<double>(shard.step - 1),
+                                      torch::TensorOptions()
+                                          .dtype(torch::kFloat32)
+                                          .device(shard.buckets.front().values.device()));
+    }
+    shard.device_step.add_(1);
+    if (found_inf.defined()) skip = found_inf.to(torch::kFloat32).reshape({});
+  }
+  size_t next = 0;
+  for (int64_t b = 0; b < static_cast<int64_t>(shard.buckets.size()); ++b) {
+    const ShardBucket& bucket = shard.buckets[b];
+    std::map<size_t, std::array<std::vector<at::Tensor>, 5>> calls;  // per group (device path)
+    for (; next < shard.segments.size() && shard.segments[next].bucket == b; ++next) {
+      const ShardSegment& segment = shard.segments[next];
+      const int64_t into = segment.offset - bucket.begin;
+      if (on_device_path_) {
+        auto& call = calls[segment.group];
+        call[0].push_back(bucket.values.narrow(0, segment.offset, segment.length));
+        call[1].push_back(bucket.gradients.narrow(0, segment.offset, segment.length));
+        call[2].push_back(shard.exp_avg[b].narrow(0, into, segment.length));
+        call[3].push_back(shard.exp_avg_sq[b].narrow(0, into, segment.length));
+        call[4].push_back(shard.device_step);  // read, not counted, by the kernel
+        continue;
+      }
+      const auto& options =
+          static_cast<const torch::optim::AdamWOptions&>(groups[segment.group].options());
+      adamw_update_fused(bucket.values.data_ptr<float>() + segment.offset,
+                         bucket.gradients.data_ptr<float>() + segment.offset,
+                         shard.exp_avg[b].data_ptr<float>() + into,
+                         shard.exp_avg_sq[b].data_ptr<float>() + into, segment.length,
+                         fused_coefficients(options, shard.step, transformers));
+    }
+#ifdef VQA_ATEN_FUSED_ADAMW
+    for (auto& [group, tensors] : calls) {
+      const auto& options = static_cast<const torch::optim::AdamWOptions&>(groups[group].options());
+      const auto [beta1, beta2] = options.betas();
+      const auto c = aten_fused_coefficients(transformers, options.lr(), options.weight_decay(),
+                                             options.eps(), beta2, shard.step);
+      at::_fused_adamw_(tensors[0], tensors[1], tensors[2], tensors[3], /*max_exp_avg_sqs=*/{},
+                        tensors[4], c.lr, beta1, beta2, c.weight_decay, c.eps, /*amsgrad=*/false,
+                        /*maximize=*/false, /*grad_scale=*/std::nullopt, skip);
+    }
+#endif
+    if (shard.after_bucket) shard.after_bucket(b);
+  }
+  if (skip) shard.device_step.sub_(*skip);
+}
+
+void VqaOptimizer::gather_state(runtime::Communicator& comm) {
+  if (!shard_) return;
+  torch::NoGradGuard no_grad;
+  take_loaded_state();
+  ShardState& shard = *shard_;
+  for (size_t b = 0; b < shard.buckets.size(); ++b) {
+    const ShardBucket& bucket = shard.buckets[b];
+    std::array<torch::Tensor, 2> whole;
+    for (int m = 0; m < 2; ++m) {
+      const torch::Tensor& own = m == 0 ? shard.exp_avg[b] : shard.exp_avg_sq[b];
+      if (!bucket.sharded) {
+        whole[m] = own;
+        continue;
+      }
+      whole[m] = torch::zeros_like(bucket.values);
+      whole[m].narrow(0, bucket.begin, bucket.end - bucket.begin).copy_(own);
+      comm.allgather_async(whole[m])->wait();
+    }
+    for (const auto& member : bucket.members) {
+      auto& state = adamw_state_of(*adamw_, member.parameter);
+      state.step(shard.step);
+      const int64_t n = member.parameter.numel();
+      state.exp_avg().copy_(whole[0].narrow(0, member.offset, n).view_as(member.parameter));
+      state.exp_avg_sq().copy_(whole[1].narrow(0, member.offset, n).view_as(member.parameter));
+    }
+  }
+}
+
+void VqaOptimizer::release_gathered_state() {
+  if (shard_) adamw_->state().clear();
 }
 
 }  // namespace vqa::train

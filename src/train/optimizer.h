@@ -29,12 +29,15 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "model/m3ae.h"    // M3AE, model_parameter_groups
-#include "train/config.h"  // OptimizerRecipe
+#include "model/m3ae.h"            // M3AE, model_parameter_groups
+#include "runtime/communicator.h"  // Communicator
+#include "train/config.h"          // OptimizerRecipe
+#include "train/shard_layout.h"    // ShardBucket
 
 namespace vqa::train {
 
@@ -68,6 +71,7 @@ AtenAdamWCoefficients aten_fused_coefficients(bool transformers, double lr, doub
 class VqaOptimizer {
  public:
   VqaOptimizer(model::M3AE& model, const OptimizerSettings& settings);
+  ~VqaOptimizer();
 
   // Sets every group's lr for optimiser step `step` (0-based), then steps
   // every parameter that has a gradient. With `found_inf` (a 0-dim tensor on
@@ -84,10 +88,31 @@ class VqaOptimizer {
   double learning_rate(int64_t step) const;
 
   torch::optim::AdamW& adamw() { return *adamw_; }
-  // Bytes of the AdamW moments (0 before the first step).
+  // Bytes of the AdamW moments this rank holds (0 before the first step).
   int64_t state_bytes() const;
 
+  // ZeRO-1 (--shard-optimizer): from here on step() updates only each
+  // bucket's owned range [begin, end) of the flat values, with AdamW moments
+  // for that range alone (1/N of the state at N ranks), and calls
+  // after_bucket(k) as soon as bucket k is updated, so that its allgather
+  // runs while the next bucket is. The update is the fused CPU pass or, on
+  // a GPU, ATen's fused AdamW: per element the unsharded step's formula and
+  // coefficients. Moments a checkpoint loaded into adamw() are taken over at
+  // the next step. Throws on a GPU without ATen's fused AdamW (LibTorch 2.4).
+  void shard(std::vector<ShardBucket> layout, std::function<void(int64_t)> after_bucket);
+  bool sharded() const { return shard_ != nullptr; }
+  // Sharded: every rank's moments gathered into adamw()'s per-parameter
+  // states (LibTorch's format, as an unsharded run keeps them), so that a
+  // checkpoint holds the whole state and resumes at any rank count.
+  // Collective; release_gathered_state() frees the gathered copy.
+  void gather_state(runtime::Communicator& comm);
+  void release_gathered_state();
+
  private:
+  struct ShardState;
+  void sharded_step(const torch::Tensor& found_inf);
+  void take_loaded_state();
+
   bool fused_step_possible() const;
   void fused_step();
   void aten_fused_step(const torch::Tensor& found_inf);
@@ -105,6 +130,7 @@ class VqaOptimizer {
   // moments, so the counts are made again from the states).
   std::vector<torch::Tensor> device_steps_;
   std::vector<const void*> device_steps_for_;
+  std::unique_ptr<ShardState> shard_;  // --shard-optimizer
 };
 
 // Linear warm-up over `warmup` steps from 0, then linear decay to 0 at

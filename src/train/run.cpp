@@ -200,6 +200,9 @@ void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const 
   parts.log.epoch(epoch, stats, evaluate_now ? &eval_stats : nullptr, best,
                   report_json.is_null() ? nullptr : &report_json);
   for (const auto& line : report_lines) parts.log.info(line);
+  const bool save_now =
+      config.save_every > 0 && ((epoch + 1) % config.save_every == 0 || epoch + 1 == config.epochs);
+  if (save_now) parts.optimizer.gather_state(parts.comm);  // sharded: collective
   if (parts.comm.rank() == 0) {
     require_finite_weights(parts.model, "checkpoints of epoch " + std::to_string(epoch));
     if (best) {
@@ -208,12 +211,12 @@ void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const 
       write_or_warn(parts.log, predictions,
                     [&] { write_predictions(predictions, eval_stats.predictions); });
     }
-    if (config.save_every > 0 &&
-        ((epoch + 1) % config.save_every == 0 || epoch + 1 == config.epochs)) {
+    if (save_now) {
       checkpoint_save(config.out, parts.model, parts.optimizer, state, config_ini,
                       config.keep_checkpoints, &parts.log);
     }
   }
+  parts.optimizer.release_gathered_state();
   parts.comm.barrier();
 }
 
@@ -222,11 +225,13 @@ void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const 
 int stop_with_checkpoint(TrainingParts& parts, int signal, const std::string& config_ini,
                          const TrainState& state) {
   std::string path;
+  parts.optimizer.gather_state(parts.comm);  // sharded: collective
   if (parts.comm.rank() == 0) {
     require_finite_weights(parts.model, "the stop checkpoint");
     path = checkpoint_save(parts.config.out, parts.model, parts.optimizer, state, config_ini,
                            parts.config.keep_checkpoints, &parts.log);
   }
+  parts.optimizer.release_gathered_state();
   parts.comm.barrier();
   parts.log.info(std::string("stopped by ") + runtime::stop_signal_name(signal) + " at epoch " +
                  std::to_string(state.next_epoch) + " after " +

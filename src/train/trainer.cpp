@@ -117,6 +117,16 @@ void report_progress(RunLog& log, const TrainConfig& config, bool bar, int64_t e
   }
 }
 
+// --grad-clip: over the parameters' gradients, or with sharded optimiser
+// state over every rank's owned blocks.
+void clip_gradients(TrainingParts& parts, double max_norm) {
+  if (parts.gradients.sharded()) {
+    parts.gradients.clip_gradient_norm(max_norm);
+  } else {
+    clip_gradient_norm(parts.model->parameters(), max_norm);
+  }
+}
+
 // The buckets' allreduces of the step just taken, for the timeline.
 void timeline_add_collectives(TrainingParts& parts, int64_t global_step) {
   if (!parts.timeline.active() || !parts.timeline.in_window(global_step)) return;
@@ -243,6 +253,12 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
     parts.timer.end_phase(Phase::kDataWait);
     const data::Batch batch = batch_to_device(host_batch, parts.device);
     parts.timer.end_phase(Phase::kHostToDevice);
+    if (micro == 0 && parts.gradients.sharded()) {
+      // The previous step's parameter allgathers ran behind its optimiser
+      // step and this step's batch; what is left of them is exposed.
+      parts.gradients.wait_parameters();
+      parts.timer.end_phase(Phase::kCommExposed);
+    }
     parts.gradients.prepare_backward(/*sync=*/micro == config.accumulation_steps - 1,
                                      /*row_ids=*/host_batch.token_ids);
     const double cpu_before = util::thread_cpu_seconds();
@@ -274,7 +290,8 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
     const int64_t learnt = settle_deferred_skip(parts, deferred, samples);
     torch::Tensor found_inf;
     if (parts.scaler) {
-      found_inf = parts.scaler->unscale_and_check(parts.gradients.bucket_gradients());
+      found_inf = parts.gradients.any_rank(
+          parts.scaler->unscale_and_check(parts.gradients.bucket_gradients()));
       parts.scaler->update(found_inf);
     } else if (config.nonfinite != NonFinite::kOff) {
       found_inf = parts.gradients.nonfinite_flag();
@@ -285,7 +302,7 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
                     ? torch::where(found_inf, torch::zeros_like(step_loss), step_loss)
                     : step_loss;
     samples += step_samples;
-    if (config.grad_clip > 0) clip_gradient_norm(parts.model->parameters(), config.grad_clip);
+    if (config.grad_clip > 0) clip_gradients(parts, config.grad_clip);
     parts.optimizer.step(state.global_step, found_inf);
     if (found_inf.defined()) {
       deferred.flag.capture(found_inf);
@@ -305,7 +322,8 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
   if (parts.scaler) {
     // fp16: unscaled before clipping; an overflow skips the step and halves
     // the scale, on every rank alike (README: "Precision").
-    const auto found_inf = parts.scaler->unscale_and_check(parts.gradients.bucket_gradients());
+    const auto found_inf = parts.gradients.any_rank(
+        parts.scaler->unscale_and_check(parts.gradients.bucket_gradients()));
     const bool overflow = found_inf.item<bool>();
     const double scale = overflow ? parts.scaler->current_scale() : 0.0;
     parts.scaler->update(found_inf);
@@ -343,7 +361,7 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
   if (applied) {
     loss_sum += step_loss;
     samples += step_samples;
-    if (config.grad_clip > 0) clip_gradient_norm(parts.model->parameters(), config.grad_clip);
+    if (config.grad_clip > 0) clip_gradients(parts, config.grad_clip);
     parts.optimizer.step(state.global_step);
   }
   parts.timer.end_phase(Phase::kOptimizer);
@@ -391,6 +409,7 @@ EpochStats train_epoch(TrainingParts& parts, data::ShardedLoader& loader,
     report_progress(parts.log, config, show_progress, epoch, step, steps,
                     util::seconds_since(start));
   }
+  parts.gradients.wait_parameters();  // evaluation and checkpoints read them
   if (show_progress) parts.log.clear_progress();
   for (auto& times : parts.timer.collect(/*wait=*/true))
     stats.step_times.push_back(std::move(times));
