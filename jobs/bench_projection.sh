@@ -1,31 +1,36 @@
 #!/usr/bin/env bash
 # Checks the projection (src/train/projection.h, vqa_project) against
-# measurement on two emulated hosts (jobs/emulated_hosts.sh): for each
-# per-rank batch, one 1-rank run gives the step profile; for each link rate
-# the link is measured (vqa_allreduce_bench across the two hosts: bus
-# bandwidth at 4 MiB, latency of a 4-byte allreduce, CPU time per MB moved),
-# vqa_project predicts
-# the 2-rank samples/s from the profile and those two numbers alone, and a
-# 2-rank run measures it. Prints predicted, measured and the error.
+# measurement on RANKS emulated hosts (jobs/emulated_hosts.sh, one rank per
+# host): for each per-rank batch, one 1-rank run gives the step profile; for
+# each link rate the link is measured (vqa_allreduce_bench across the hosts:
+# bus bandwidth at 4 MiB, latency of one message round, CPU time per MB
+# moved), vqa_project predicts the RANKS-rank samples/s from the profile and
+# those numbers alone, and a RANKS-rank run measures it. Prints predicted,
+# measured and the error.
 #
 #   jobs/bench_projection.sh [build-dir] [extra vqa_train flags]
 #
 # Settings (environment):
+#   RANKS=2               ranks, one per emulated host (more ranks than cores
+#                         share them: the 1-rank profile is then taken while
+#                         every other host runs the same job, as the ranks will)
 #   RATES="none 10gbit 2500mbit 1gbit 500mbit"  link rates (tc; none: the veth unshaped)
 #   BATCHES="8 32"        samples per rank per step
 #   PRESET=small, STEPS=8 (timed steps per epoch; 2 epochs, the first warm-up),
 #   IMAGE_SIZE=96, MAX_LEN=12, OUT_DIR=runs/projection (projection.txt, projection.csv)
 #
 # The 1-rank run uses --bucket-mb 1, so that its profile records when each MiB
-# of gradients is ready, and runs while host 1 runs the same job (the hosts
-# share this machine's caches and memory bandwidth as the 2 ranks will); vqa_project re-cuts it to the buckets the 2-rank run
-# picks itself (--bucket-mb 0, auto). Needs root (network namespaces).
+# of gradients is ready, and runs while hosts 1..RANKS-1 run the same job
+# (the hosts share this machine's cores, caches and memory bandwidth as the
+# ranks will); vqa_project re-cuts it to the buckets the multi-rank run picks
+# itself (--bucket-mb 0, auto). Needs root (network namespaces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 shift || true
 read -r -a rates <<<"${RATES:-none 10gbit 2500mbit 1gbit 500mbit}"
 read -r -a batches <<<"${BATCHES:-8 32}"
+ranks=${RANKS:-2}
 preset=${PRESET:-small}
 steps=${STEPS:-8}
 image_size=${IMAGE_SIZE:-96}
@@ -41,6 +46,7 @@ for tool in vqa_prep vqa_train vqa_project vqa_allreduce_bench; do
 done
 [[ $(id -u) -eq 0 ]] || die "needs root (network namespaces)"
 for b in "${batches[@]}"; do [[ $b =~ ^[1-9][0-9]*$ ]] || die "BATCHES must be positive integers"; done
+[[ $ranks =~ ^[2-9]$|^1[0-6]$ ]] || die "RANKS must be 2 to 16, got '$ranks'"
 
 mkdir -p "$out_dir"
 work=$(mktemp -d "${TMPDIR:-/tmp}/vqa-projection-XXXXXX")
@@ -52,11 +58,11 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-bash jobs/emulated_hosts.sh up "$hosts" 2 --owner $$ >/dev/null
+bash jobs/emulated_hosts.sh up "$hosts" "$ranks" --owner $$ >/dev/null
 
 max_batch=$(printf '%s\n' "${batches[@]}" | sort -n | tail -n 1)
 "$build/vqa_prep" synth -o "$work/synth.h5" --image-size "$image_size" --max-len "$max_len" \
-  --train-questions $((max_batch * 2 * steps * 2)) --test-questions 16 >/dev/null
+  --train-questions $((max_batch * ranks * steps * 2)) --test-questions 16 >/dev/null
 
 # train NAME RANKS BATCH [flags...]: the last epoch's samples/s
 train() {
@@ -66,16 +72,24 @@ train() {
     --threads 1 --batch-per-rank "$batch" --global-batch $((batch * ranks)) --epochs 2
     --max-steps-per-epoch "$steps" --eval-every 0 --save-every 0 --progress off)
   if ((ranks == 1)); then
-    # Both emulated hosts share one machine (caches, memory bandwidth): the
-    # profile is taken while host 1 runs the same 1-rank job on its own, as a
-    # 2-rank run's ranks compute side by side.
-    bash jobs/emulated_hosts.sh exec "$hosts" 1 mpirun --allow-run-as-root -np 1 --bind-to none \
-      -x OMP_NUM_THREADS=1 "${args[@]/$work\/$name/$work/$name-neighbour}" "$@" \
-      >"$work/$name-neighbour.log" 2>&1 &
-    local neighbour=$!
+    # The emulated hosts share one machine (cores, caches, memory
+    # bandwidth): the profile is taken while every other host runs the same
+    # 1-rank job on its own, as the multi-rank run's ranks compute side by side.
+    local neighbours=() host
+    for ((host = 1; host < ${RANKS:-2}; host++)); do
+      bash jobs/emulated_hosts.sh exec "$hosts" "$host" mpirun --allow-run-as-root -np 1 \
+        --bind-to none -x OMP_NUM_THREADS=1 "${args[@]/$work\/$name/$work/$name-neighbour$host}" \
+        "$@" >"$work/$name-neighbour$host.log" 2>&1 &
+      neighbours+=($!)
+    done
     bash jobs/emulated_hosts.sh exec "$hosts" 0 mpirun --allow-run-as-root -np 1 --bind-to none \
       -x OMP_NUM_THREADS=1 "${args[@]}" "$@" >"$work/$name.log" 2>&1
-    wait "$neighbour" || { cat "$work/$name-neighbour.log" >&2; die "the neighbour of $name failed"; }
+    for host in "${!neighbours[@]}"; do
+      wait "${neighbours[$host]}" || {
+        cat "$work/$name-neighbour$((host + 1)).log" >&2
+        die "a neighbour of $name failed"
+      }
+    done
   else
     bash jobs/emulated_hosts.sh mpirun "$hosts" -x OMP_NUM_THREADS=1 "${args[@]}" "$@" \
       >"$work/$name.log" 2>&1
@@ -90,14 +104,17 @@ link_fabric() {
   local table
   table=$(bash jobs/emulated_hosts.sh mpirun "$hosts" "$build/vqa_allreduce_bench" -b 4 -e 4M -f 1024 \
     -n 5 -r 3 -w 2 --raw false 2>&1) || { echo "$table" >&2; die "vqa_allreduce_bench failed"; }
-  # rows: size count type redop time(us) algbw busbw ...; 4 bytes: one message round at 2 ranks
-  awk '$1 == 4 { latency = $5 } $1 == 4194304 { bus = $7; cpu = $12 }
-       END { printf "%.4f:%.1f:%.0f\n", bus, latency, cpu }' <<<"$table"
+  # rows: size count type redop time(us) algbw busbw ...; a 4-byte allreduce
+  # takes one message round at 2 ranks, log2(ranks) rounds beyond (recursive
+  # doubling); the projection counts its latency per round.
+  awk -v ranks="$ranks" '$1 == 4 { latency = $5 } $1 == 4194304 { bus = $7; cpu = $12 }
+       END { rounds = ranks > 2 ? log(ranks) / log(2) : 1
+             printf "%.4f:%.1f:%.0f\n", bus, latency / rounds, cpu }' <<<"$table"
 }
 
 echo "batch,rate,fabric,predicted,measured,error_percent" >"$out_dir/projection.csv"
 {
-  echo "# projection check: preset $preset, 2 emulated hosts, 1 thread per rank, $steps timed steps;"
+  echo "# projection check: preset $preset, $ranks emulated hosts ($(nproc) cores), 1 thread per rank, $steps timed steps;"
   echo "# predicted = vqa_project from the 1-rank profile and the link's measured bus bandwidth and latency"
   printf '%6s %9s %22s %11s %10s %8s\n' batch rate fabric predicted measured error
 } | tee "$out_dir/projection.txt"
@@ -108,8 +125,10 @@ for batch in "${batches[@]}"; do
     bash jobs/emulated_hosts.sh shape "$hosts" --rate "$rate"
     fabric=$(link_fabric)
     predicted=$("$build/vqa_project" "$work/one-$batch/diagnosis.json" --fabric "$fabric" \
-      --max-ranks 2 --json | python3 -c 'import json, sys; print("%.4f" % json.load(sys.stdin)["rows"][1]["samples_per_second"])')
-    measured=$(train "two-$batch-$rate" 2 "$batch" "$@")
+      --max-ranks "$ranks" --json | python3 -c 'import json, sys
+rows = [r for r in json.load(sys.stdin)["rows"] if r["ranks"] == int(sys.argv[1])]
+print("%.4f" % rows[0]["samples_per_second"])' "$ranks")
+    measured=$(train "n$ranks-$batch-$rate" "$ranks" "$batch" "$@")
     error=$(awk -v p="$predicted" -v m="$measured" 'BEGIN { printf "%+.1f", 100 * (p - m) / m }')
     echo "$batch,$rate,$fabric,$predicted,$measured,$error" >>"$out_dir/projection.csv"
     printf '%6s %9s %22s %11.1f %10.1f %7s%%\n' "$batch" "$rate" "$fabric" "$predicted" "$measured" \

@@ -162,6 +162,12 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "time each step's phases on every rank; epoch summary and diagnosis on rank 0")
       .add("timeline", &c.timeline,
            "write a Chrome trace-event JSON timeline (Perfetto, chrome://tracing) to this file")
+      .add("profile", &c.profile,
+           "profile rank 0 over the timeline's steps (--timeline-first-step, --timeline-steps) "
+           "with LibTorch's profiler: every operator on the host and, on a GPU, every kernel, "
+           "as a Chrome trace in this file; FILE.txt and train.log get the summary (operators "
+           "and kernels per step, GPU idle time, the largest by time, matrix products vs "
+           "attention vs the rest)")
       .add("project-fabric", &c.project_fabric,
            "the fabric of the projection to 1..1024 ranks printed at the end and saved in "
            "diagnosis.json: auto (this run's measured allreduce bus bandwidth and latency; 10gbe "
@@ -354,6 +360,7 @@ void config_finalize(TrainConfig& c, int world_size) {
   }
   // Paths the run writes: refused now, not at the first write hours later.
   if (!c.timeline.empty()) require_writable_file("--timeline", c.timeline, true);
+  if (!c.profile.empty()) require_writable_file("--profile", c.profile, true);
   if (!c.predictions.empty()) require_writable_file("--predictions", c.predictions, true);
   if (!c.export_m3ae.empty()) require_writable_safetensors_path("--export-m3ae", c.export_m3ae);
   require_writable_directory("--out", c.out);  // last: a refused run leaves no folder behind

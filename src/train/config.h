@@ -106,12 +106,13 @@ struct TrainConfig {
   // loop, evaluation, output
   int eval_every = 1;
   int save_every = 1;
-  int keep_checkpoints = 3;                // newest checkpoints kept in <out>/checkpoints; 0: all
-  int64_t max_steps_per_epoch = 0;         // 0: whole epoch (benchmarks cap it)
-  int64_t log_every_steps = 0;             // 0: only per-epoch lines
-  Progress progress = Progress::kAuto;     // the in-place progress bar on rank 0
-  bool phase_timers = true;                // per-step phase timers, epoch summary and diagnosis
-  std::string timeline;                    // Chrome trace-event JSON file; "" none
+  int keep_checkpoints = 3;             // newest checkpoints kept in <out>/checkpoints; 0: all
+  int64_t max_steps_per_epoch = 0;      // 0: whole epoch (benchmarks cap it)
+  int64_t log_every_steps = 0;          // 0: only per-epoch lines
+  Progress progress = Progress::kAuto;  // the in-place progress bar on rank 0
+  bool phase_timers = true;             // per-step phase timers, epoch summary and diagnosis
+  std::string timeline;                 // Chrome trace-event JSON file; "" none
+  std::string profile;  // rank 0's operator/kernel profile over the timeline window; "" none
   std::string project_fabric = "auto";     // projection's fabric: auto | preset | GBPS:LATENCYUS
   int64_t timeline_first_step = 10;        // first global optimiser step in the timeline
   int64_t timeline_steps = 5;              // optimiser steps in the timeline

@@ -101,8 +101,11 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
   train::StepTimer timer(device, config.phase_timers);
   train::Timeline timeline(config.timeline, config.timeline_first_step, config.timeline_steps);
   const train::AllreduceProbe probe = train::allreduce_probe_for(config, *comm, gradients, device);
+  train::OperatorProfile profile(config.profile, config.timeline_first_step, config.timeline_steps,
+                                 rank.rank == 0, device.is_cuda());
   train::TrainingParts parts{config, device, model,    optimizer, gradients,
                              *comm,  timer,  timeline, log};
+  parts.profile = &profile;
 
   // ---- resume, report ---------------------------------------------------------
   train::TrainState state;

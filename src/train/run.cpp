@@ -323,6 +323,11 @@ int run_training(TrainingParts& parts, data::ShardedLoader& train_loader,
   // When the run ended before the window did.
   write_or_warn(parts.log, "the timeline " + parts.config.timeline,
                 [&] { parts.timeline.write(parts.comm, parts.comm.host()); });
+  if (parts.profile) {
+    write_or_warn(parts.log, "the profile " + parts.config.profile, [&] {
+      for (const auto& line : parts.profile->finish()) parts.log.info(line);
+    });
+  }
   export_m3ae_if_asked(parts);
   finish_run(parts, state);
   return 0;

@@ -400,8 +400,19 @@ EpochStats train_epoch(TrainingParts& parts, data::ShardedLoader& loader,
       break;
     }
     stats.learning_rate = parts.optimizer.learning_rate(state.global_step);
+    if (parts.profile) parts.profile->before_step(state.global_step);
     stats.skipped_steps += train_step(parts, loader, epoch, state, loss_sum, samples,
                                       stats.compute_cpu_seconds, deferred);
+    if (parts.profile) {
+      try {  // a profile that cannot be written costs the profile, not the run
+        for (const auto& line : parts.profile->after_step(state.global_step - 1)) {
+          parts.log.info(line);
+        }
+      } catch (const std::exception& e) {
+        parts.log.warn("cannot write the profile " + config.profile + " (" + e.what() +
+                       "); training goes on without it");
+      }
+    }
     // Timings of steps the device has finished; never waits.
     for (auto& times : parts.timer.collect(/*wait=*/false)) {
       stats.step_times.push_back(std::move(times));

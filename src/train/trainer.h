@@ -15,6 +15,7 @@
 #include "train/gradient_sync.h"   // GradientSynchronizer
 #include "train/loss_scaler.h"     // LossScaler
 #include "train/optimizer.h"       // VqaOptimizer
+#include "train/profile.h"         // OperatorProfile
 #include "train/run_log.h"         // RunLog
 #include "train/run_state.h"       // TrainState, EpochStats
 #include "train/step_timer.h"      // StepTimer
@@ -35,7 +36,8 @@ struct TrainingParts {
   StepTimer& timer;
   Timeline& timeline;
   RunLog& log;
-  LossScaler* scaler = nullptr;  // --precision fp16, else none
+  LossScaler* scaler = nullptr;        // --precision fp16, else none
+  OperatorProfile* profile = nullptr;  // --profile, else none
 };
 
 // Optimiser steps one epoch takes with this loader and configuration.
