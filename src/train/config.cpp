@@ -131,6 +131,11 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
           "step skipped on an overflow, doubled after --loss-scale-interval finite steps; on "
           "the CPU the loss scaler runs around float32 compute)",
           kPrecisionNames)
+      .add("tf32", &c.tf32,
+           "GPU, float32 parts: matrix products on TF32 tensor cores (inputs rounded to 10 "
+           "mantissa bits, float32 sums), as torch.backends.cuda.matmul.allow_tf32 = True; off "
+           "is LibTorch's default (float32 matmuls in full precision; cuDNN's convolutions use "
+           "TF32 either way). No effect on the CPU")
       .add("loss-scale-interval", &c.loss_scale_interval,
            "fp16: finite optimiser steps in a row before the loss scale doubles",
            util::Range{1, 1e9})

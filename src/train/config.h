@@ -96,6 +96,7 @@ struct TrainConfig {
   // ZeRO-1: each rank keeps and updates 1/N of the AdamW state (gradient_sync.h)
   bool shard_optimizer = false;
   bool bf16_autocast = false;  // the older spelling of precision = "bf16"
+  bool tf32 = false;           // fp32 matmuls on TF32 tensor cores (GPU)
   // bf16: bfloat16 autocast, GPU; fp16: float16 autocast on GPU with dynamic
   // loss scaling (on the CPU the loss scaler around float32)
   Precision precision = Precision::kFp32;

@@ -33,6 +33,9 @@ torch::Device setup_device(const TrainConfig& config, const runtime::RankInfo& r
     threads = std::max(1, cores / std::max(1, rank.local_size));
   }
   torch::set_num_threads(threads);
+  // --tf32: float32 matrix products on TF32 tensor cores too (cuDNN's
+  // convolutions use them by default; cuBLAS's matmuls do not).
+  at::globalContext().setAllowTF32CuBLAS(config.tf32);
   if (config.device == DeviceMode::kCuda || (config.device == DeviceMode::kAuto && gpu)) {
     const int index = runtime::cuda_device_for(rank);
     const auto choice =
