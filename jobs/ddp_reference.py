@@ -10,12 +10,59 @@ with PyTorch DDP (gloo backend, CPU) and prints ONE line of JSON on stdout
 
     {"impl": "pytorch-ddp", "ranks": 2, ..., "parameters": N, "samples_per_second": S}
 
+On a GPU (`--device cuda`) it runs the same model and step as a PyTorch user
+who knows the library would write it for speed, each choice a flag
+(jobs/bench_gpu.sh sets them):
+
+    python3 jobs/ddp_reference.py --device cuda --precision bf16 --attention sdpa \
+        --fused-adamw --compile reduce-overhead --preset base ...
+
+  --precision bf16|fp16  torch.autocast around forward and loss (fp16 with
+                         GradScaler); fp32 with --tf32 on|off|default
+                         (torch.backends.cuda.matmul.allow_tf32 and
+                         torch.backends.cudnn.allow_tf32; default leaves
+                         PyTorch's: matmul off, cuDNN on, as vqa_train does)
+  --attention sdpa       F.scaled_dot_product_attention (flash or
+                         memory-efficient kernels), same parameters
+  --fused-adamw          torch.optim.AdamW(fused=True)
+  --compile MODE         torch.compile(model, mode=MODE); the warm-up steps
+                         include compilation and are timed apart
+  --gradient-as-bucket-view  passed to DDP (ranks > 1)
+On 1 rank with --device cuda the model runs without DDP ("ddp": false); more
+ranks use DDP over NCCL, one GPU per rank. Exit status 3 (and one line on
+stderr) when the installed PyTorch lacks what a flag asks for
+(torch.compile, F.scaled_dot_product_attention, fused AdamW).
+
+Beside samples/s the line holds what the step costs (after the timed steps,
+2 more steps run under torch.profiler, --profile-steps):
+  step_seconds_median    the median of the timed steps (CUDA events on a GPU)
+  peak_memory_bytes      torch.cuda.max_memory_allocated over the timed steps;
+                         on the CPU the resident set's high-water mark (VmHWM,
+                         reset before the timed steps), as vqa_train reports it
+  operators_per_step     operators dispatched on the host per profiled step,
+                         counted as vqa_train's --profile counts them
+                         (RecordFunction events of function scope; CUDA
+                         runtime calls and user scopes left out)
+  kernels_per_step       GPU kernels per profiled step (copies and memsets
+                         left out); graph_launches_per_step: CUDA graph
+                         launches (--compile reduce-overhead)
+  gpu_busy_seconds_per_step, gpu_idle_seconds_per_step   the union of the
+                         kernels' intervals, and the gaps between them
+  host_seconds_per_step  process CPU time (time.process_time, all threads)
+                         over the timed steps / steps; on a GPU it includes
+                         the host's waits for room in the launch queue
+  host_operator_seconds_per_step  wall time per profiled step inside host
+                         operators (the union of their intervals, all threads)
+
 Every size of vqa_train's model can be given (--hidden, --vision-layers, ...,
-the names of its `model:` log line); jobs/bench_scaling.sh passes all of them
-from that line, so flags given to vqa_train reach this model too.
-`--count-only` builds the model, prints the same line without timing
-(parameters only) and exits; jobs/bench_scaling.sh uses it to check that this
-model and vqa_train's have exactly the same parameter count.
+the names of its `model:` log line), and its structure (--vision-activation,
+--layer-norm-eps, --text-positions, --text-token-type: the line's
+vision_activation, layer_norm_eps, text_positions, text_token_type; the base
+preset has M3AE's); jobs/ddp_setup.sh passes all of them from that line, so
+flags given to vqa_train reach this model too. `--count-only` builds the
+model, prints the same line without timing (parameters only) and exits; the
+bench scripts use it to check that this model and vqa_train's have exactly
+the same parameter count.
 
 Launcher: torch.multiprocessing.spawn inside this script (one process per
 rank, the same processes `python3 -m torch.distributed.run` would start), so
@@ -43,8 +90,11 @@ training loops, not of two workloads):
     co-attention fusion (self-, cross-attention, feed-forward per side), the
     VQA head; attention written out as matmul / softmax / matmul with
     contiguous heads (--attention torch: through nn.MultiheadAttention
-    instead, PyTorch's usual module); exact GELU; the same LayerNorm epsilons, the same
-    initialisation; the same parameter count (checked by the scaling script);
+    instead, PyTorch's usual module; sdpa: F.scaled_dot_product_attention);
+    exact GELU (the base preset's vision blocks: CLIP's QuickGELU); the same
+    LayerNorm epsilons per part, RoBERTa's positions and token-type row where
+    the preset has them (base), the same initialisation; the same parameter
+    count (checked by the bench scripts);
   - the inputs' shapes: [B, 3, S, S] float images, [B, L] int64 token ids and
     padding mask, [B, K] soft targets; the vocabulary, L, K and S are those of
     the dataset vqa_train reads (passed on the command line);
@@ -58,8 +108,8 @@ training loops, not of two workloads):
     buckets of 25 MiB that go out while backward runs (vqa_train's default
     --bucket-mb 25 and DDP's default bucket_cap_mb 25);
   - the timed region: after as many warm-up steps as the scaling script gives
-    (it passes vqa_train's warm-up epoch), the steps between two barriers,
-    on rank 0.
+    (it passes vqa_train's warm-up epoch), the steps between two barriers
+    (on a GPU after the queued work is done), on rank 0.
 
 What differs:
   - the launcher and the collective library (torch.multiprocessing + gloo
@@ -71,7 +121,8 @@ What differs:
     its HDF5 file on a background thread, which is inside its timing. This
     favours DDP;
   - DDP's own defaults are kept (find_unused_parameters=False,
-    broadcast_buffers=True, gradient_as_bucket_view=False), unless
+    broadcast_buffers=True, gradient_as_bucket_view=False, unless
+    --gradient-as-bucket-view), unless
     --find-unused-parameters: many users' own training loops turn it on
     because a model of theirs once had a branch without gradient, and keep it;
     it costs a traversal of the autograd graph after every forward, so the
@@ -83,10 +134,14 @@ What differs:
 """
 
 import argparse
+import contextlib
+import inspect
 import json
 import math
 import os
+import re
 import socket
+import statistics
 import sys
 import time
 
@@ -97,9 +152,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-# src/model/layers.h: CLIP's LayerNorm epsilon (vision) and BERT's (text, fusion, head).
-VISION_LAYER_NORM_EPS = 1e-5
-BERT_LAYER_NORM_EPS = 1e-12
 # src/model/layers.cpp: the additive score of a padded key.
 MASKED_SCORE = -1e4
 # src/model/m3ae.h: std of the normal initialisation.
@@ -107,15 +159,34 @@ INIT_STD = 0.02
 # src/model/config.cpp: RoBERTa's vocabulary, the preset's default.
 ROBERTA_VOCAB_SIZE = 50265
 
+# RoBERTa's padding_idx (src/model/text.cpp): the position row of padding;
+# a real token's position is 1 + its rank among the real tokens.
+ROBERTA_PADDING_INDEX = 1
+
+# src/model/config.h: the structure tiny and small keep; base changes it to
+# M3AE's (CLIP's QuickGELU in the vision blocks, roberta-base's LayerNorm
+# epsilon in the text encoder and M3AE's in the head, RoBERTa's positions and
+# token-type row). LayerNorm epsilons: vision / text / fusion / head.
+STRUCTURE_DEFAULTS = dict(vision_activation="gelu", layer_norm_eps=(1e-5, 1e-12, 1e-12, 1e-12),
+                          text_positions="plain", text_token_type=False)
+
 # src/model/config.cpp, model_config_preset(). vocab_size, num_answers and
 # image_size are overridden by the dataset, as vqa_train does.
 PRESETS = {
     "tiny": dict(hidden=64, heads=2, ffn=256, vision_layers=1, text_layers=1, fusion_layers=1,
                  image_size=32, patch_size=8, vocab_size=1024, max_text_length=32,
-                 num_answers=10, dropout=0.0),
+                 num_answers=10, dropout=0.0, **STRUCTURE_DEFAULTS),
     "small": dict(hidden=256, heads=4, ffn=1024, vision_layers=4, text_layers=4, fusion_layers=2,
                   image_size=96, patch_size=16, vocab_size=ROBERTA_VOCAB_SIZE,
-                  max_text_length=64, num_answers=100, dropout=0.0),
+                  max_text_length=64, num_answers=100, dropout=0.0, **STRUCTURE_DEFAULTS),
+    # M3AE: CLIP ViT-B/16 less its last block at 384 px, RoBERTa-base, six
+    # co-attention layers per side; 512 positions (RoBERTa's 514 rows less
+    # the two offset rows).
+    "base": dict(hidden=768, heads=12, ffn=3072, vision_layers=11, text_layers=12,
+                 fusion_layers=6, image_size=384, patch_size=16, vocab_size=ROBERTA_VOCAB_SIZE,
+                 max_text_length=512, num_answers=500, dropout=0.1,
+                 vision_activation="quick_gelu", layer_norm_eps=(1e-5, 1e-5, 1e-12, 1e-5),
+                 text_positions="roberta", text_token_type=True),
 }
 
 
@@ -153,6 +224,39 @@ class MultiHeadAttention(nn.Module):
         return self.output(context)
 
 
+class SdpaAttention(nn.Module):
+    """The explicit attention's parameters (query, key without bias, value,
+    output) around F.scaled_dot_product_attention (PyTorch 2.0+: flash or
+    memory-efficient kernels on a GPU), as vqa_train's fused path on
+    LibTorch 2.x: padded keys as the additive bias in the queries' dtype
+    (under autocast q, k and v are bfloat16 or float16); no mask where every
+    key is real, which lets the flash kernel run."""
+
+    def __init__(self, hidden, heads, dropout):
+        super().__init__()
+        self.heads = heads
+        self.dropout = dropout
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden, bias=False)
+        self.value = nn.Linear(hidden, hidden)
+        self.output = nn.Linear(hidden, hidden)
+
+    def forward(self, queries, keys_values, key_bias):
+        batch, query_length, hidden = queries.shape
+        head_size = hidden // self.heads
+
+        def split_heads(x):
+            return x.view(batch, x.size(1), self.heads, head_size).transpose(1, 2)
+
+        q = split_heads(self.query(queries))
+        k = split_heads(self.key(keys_values))
+        v = split_heads(self.value(keys_values))
+        mask = None if key_bias is None else key_bias.to(q.dtype)
+        context = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+        return self.output(context.transpose(1, 2).reshape(batch, query_length, hidden))
+
+
 class TorchAttention(nn.Module):
     """The same attention through PyTorch's own module, as a PyTorch user
     would write it: nn.MultiheadAttention (one packed in-projection GEMM for
@@ -171,7 +275,8 @@ class TorchAttention(nn.Module):
                               need_weights=False)[0]
 
 
-ATTENTION_MODULES = {"explicit": MultiHeadAttention, "torch": TorchAttention}
+ATTENTION_MODULES = {"explicit": MultiHeadAttention, "torch": TorchAttention,
+                     "sdpa": SdpaAttention}
 attention_module = MultiHeadAttention  # main() sets it from --attention
 
 
@@ -188,22 +293,26 @@ def counted_parameters(model):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, hidden, ffn):
+    def __init__(self, hidden, ffn, activation="gelu"):
         super().__init__()
+        self.quick_gelu = activation == "quick_gelu"
         self.up = nn.Linear(hidden, ffn)
         self.down = nn.Linear(ffn, hidden)
 
     def forward(self, x):
-        return self.down(F.gelu(self.up(x)))
+        inner = self.up(x)
+        if self.quick_gelu:  # CLIP's x * sigmoid(1.702 x)
+            return self.down(inner * torch.sigmoid(1.702 * inner))
+        return self.down(F.gelu(inner))
 
 
 class PreNormBlock(nn.Module):
-    def __init__(self, hidden, heads, ffn):
+    def __init__(self, hidden, heads, ffn, eps, activation):
         super().__init__()
-        self.attention_norm = nn.LayerNorm(hidden, eps=VISION_LAYER_NORM_EPS)
+        self.attention_norm = nn.LayerNorm(hidden, eps=eps)
         self.attention = make_attention(hidden, heads, 0.0)
-        self.feed_forward_norm = nn.LayerNorm(hidden, eps=VISION_LAYER_NORM_EPS)
-        self.feed_forward = FeedForward(hidden, ffn)
+        self.feed_forward_norm = nn.LayerNorm(hidden, eps=eps)
+        self.feed_forward = FeedForward(hidden, ffn, activation)
 
     def forward(self, x):
         normed = self.attention_norm(x)
@@ -212,12 +321,12 @@ class PreNormBlock(nn.Module):
 
 
 class PostNormLayer(nn.Module):
-    def __init__(self, hidden, heads, ffn, dropout):
+    def __init__(self, hidden, heads, ffn, dropout, eps):
         super().__init__()
         self.attention = make_attention(hidden, heads, dropout)
-        self.attention_norm = nn.LayerNorm(hidden, eps=BERT_LAYER_NORM_EPS)
+        self.attention_norm = nn.LayerNorm(hidden, eps=eps)
         self.feed_forward = FeedForward(hidden, ffn)
-        self.feed_forward_norm = nn.LayerNorm(hidden, eps=BERT_LAYER_NORM_EPS)
+        self.feed_forward_norm = nn.LayerNorm(hidden, eps=eps)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x, key_bias):
@@ -226,14 +335,14 @@ class PostNormLayer(nn.Module):
 
 
 class CoAttentionLayer(nn.Module):
-    def __init__(self, hidden, heads, ffn, dropout):
+    def __init__(self, hidden, heads, ffn, dropout, eps):
         super().__init__()
         self.self_attention = make_attention(hidden, heads, dropout)
-        self.self_attention_norm = nn.LayerNorm(hidden, eps=BERT_LAYER_NORM_EPS)
+        self.self_attention_norm = nn.LayerNorm(hidden, eps=eps)
         self.cross_attention = make_attention(hidden, heads, dropout)
-        self.cross_attention_norm = nn.LayerNorm(hidden, eps=BERT_LAYER_NORM_EPS)
+        self.cross_attention_norm = nn.LayerNorm(hidden, eps=eps)
         self.feed_forward = FeedForward(hidden, ffn)
-        self.feed_forward_norm = nn.LayerNorm(hidden, eps=BERT_LAYER_NORM_EPS)
+        self.feed_forward_norm = nn.LayerNorm(hidden, eps=eps)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x, x_key_bias, other, other_key_bias):
@@ -247,15 +356,19 @@ class CoAttentionLayer(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    def __init__(self, hidden, heads, ffn, layers, image_size, patch_size):
+    def __init__(self, c):
         super().__init__()
-        patches = (image_size // patch_size) ** 2
-        self.patch_embedding = nn.Conv2d(3, hidden, patch_size, stride=patch_size, bias=False)
+        hidden, eps = c["hidden"], c["layer_norm_eps"][0]
+        patches = (c["image_size"] // c["patch_size"]) ** 2
+        self.patch_embedding = nn.Conv2d(3, hidden, c["patch_size"], stride=c["patch_size"],
+                                         bias=False)
         self.class_token = nn.Parameter(torch.zeros(hidden))
         self.position_embeddings = nn.Parameter(torch.zeros(1 + patches, hidden))
-        self.input_norm = nn.LayerNorm(hidden, eps=VISION_LAYER_NORM_EPS)
-        self.blocks = nn.ModuleList(PreNormBlock(hidden, heads, ffn) for _ in range(layers))
-        self.output_norm = nn.LayerNorm(hidden, eps=VISION_LAYER_NORM_EPS)
+        self.input_norm = nn.LayerNorm(hidden, eps=eps)
+        self.blocks = nn.ModuleList(
+            PreNormBlock(hidden, c["heads"], c["ffn"], eps, c["vision_activation"])
+            for _ in range(c["vision_layers"]))
+        self.output_norm = nn.LayerNorm(hidden, eps=eps)
 
     def forward(self, images):
         patches = self.patch_embedding(images).flatten(2).transpose(1, 2)
@@ -269,34 +382,51 @@ class VisionTransformer(nn.Module):
 
 
 class TextEncoder(nn.Module):
-    def __init__(self, hidden, heads, ffn, layers, vocab_size, max_text_length, dropout):
+    def __init__(self, c):
         super().__init__()
-        self.token_embeddings = nn.Embedding(vocab_size, hidden)
-        self.position_embeddings = nn.Embedding(max_text_length, hidden)
-        self.embedding_norm = nn.LayerNorm(hidden, eps=BERT_LAYER_NORM_EPS)
+        hidden, eps, dropout = c["hidden"], c["layer_norm_eps"][1], c["dropout"]
+        self.roberta_positions = c["text_positions"] == "roberta"
+        position_rows = c["max_text_length"] + (ROBERTA_PADDING_INDEX + 1
+                                                 if self.roberta_positions else 0)
+        self.token_embeddings = nn.Embedding(c["vocab_size"], hidden)
+        self.position_embeddings = nn.Embedding(position_rows, hidden)
+        # RoBERTa's token_type_embeddings with its single type: one row added to every token.
+        self.token_type_embeddings = nn.Embedding(1, hidden) if c["text_token_type"] else None
+        self.embedding_norm = nn.LayerNorm(hidden, eps=eps)
         self.embedding_dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
-            PostNormLayer(hidden, heads, ffn, dropout) for _ in range(layers))
+            PostNormLayer(hidden, c["heads"], c["ffn"], dropout, eps)
+            for _ in range(c["text_layers"]))
 
-    def forward(self, token_ids, key_bias):
-        positions = self.position_embeddings.weight[:token_ids.size(1)]
-        x = self.embedding_dropout(self.embedding_norm(self.token_embeddings(token_ids) +
-                                                       positions))
+    def forward(self, token_ids, attention_mask, key_bias):
+        x = self.token_embeddings(token_ids)
+        if self.roberta_positions:
+            real = attention_mask.ne(0).long()
+            x = x + self.position_embeddings(real.cumsum(1) * real + ROBERTA_PADDING_INDEX)
+        else:
+            x = x + self.position_embeddings.weight[:token_ids.size(1)]
+        if self.token_type_embeddings is not None:
+            x = x + self.token_type_embeddings.weight[0]
+        x = self.embedding_dropout(self.embedding_norm(x))
         for layer in self.layers:
             x = layer(x, key_bias)
         return x
 
 
 class CoAttentionFusion(nn.Module):
-    def __init__(self, hidden, heads, ffn, layers, dropout):
+    def __init__(self, c):
         super().__init__()
+        hidden = c["hidden"]
         self.text_projection = nn.Linear(hidden, hidden)
         self.image_projection = nn.Linear(hidden, hidden)
         self.modality_type_embeddings = nn.Embedding(2, hidden)
-        self.text_layers = nn.ModuleList(
-            CoAttentionLayer(hidden, heads, ffn, dropout) for _ in range(layers))
-        self.image_layers = nn.ModuleList(
-            CoAttentionLayer(hidden, heads, ffn, dropout) for _ in range(layers))
+
+        def layer():
+            return CoAttentionLayer(hidden, c["heads"], c["ffn"], c["dropout"],
+                                    c["layer_norm_eps"][2])
+
+        self.text_layers = nn.ModuleList(layer() for _ in range(c["fusion_layers"]))
+        self.image_layers = nn.ModuleList(layer() for _ in range(c["fusion_layers"]))
 
     def forward(self, text, text_key_bias, image):
         type_table = self.modality_type_embeddings.weight
@@ -308,13 +438,14 @@ class CoAttentionFusion(nn.Module):
 
 
 class VqaHead(nn.Module):
-    def __init__(self, hidden, num_answers):
+    def __init__(self, c):
         super().__init__()
+        hidden = c["hidden"]
         self.text_pooler = nn.Linear(hidden, hidden)
         self.image_pooler = nn.Linear(hidden, hidden)
         self.dense = nn.Linear(2 * hidden, 2 * hidden)
-        self.norm = nn.LayerNorm(2 * hidden, eps=BERT_LAYER_NORM_EPS)
-        self.output = nn.Linear(2 * hidden, num_answers)
+        self.norm = nn.LayerNorm(2 * hidden, eps=c["layer_norm_eps"][3])
+        self.output = nn.Linear(2 * hidden, c["num_answers"])
 
     def forward(self, text, image):
         pooled = torch.cat([torch.tanh(self.text_pooler(text[:, 0])),
@@ -325,13 +456,10 @@ class VqaHead(nn.Module):
 class M3AE(nn.Module):
     def __init__(self, c):
         super().__init__()
-        self.vision = VisionTransformer(c["hidden"], c["heads"], c["ffn"], c["vision_layers"],
-                                        c["image_size"], c["patch_size"])
-        self.text = TextEncoder(c["hidden"], c["heads"], c["ffn"], c["text_layers"],
-                                c["vocab_size"], c["max_text_length"], c["dropout"])
-        self.fusion = CoAttentionFusion(c["hidden"], c["heads"], c["ffn"], c["fusion_layers"],
-                                        c["dropout"])
-        self.head = VqaHead(c["hidden"], c["num_answers"])
+        self.vision = VisionTransformer(c)
+        self.text = TextEncoder(c)
+        self.fusion = CoAttentionFusion(c)
+        self.head = VqaHead(c)
         self._initialize()
 
     def _initialize(self):
@@ -349,7 +477,7 @@ class M3AE(nn.Module):
     def forward(self, images, token_ids, attention_mask):
         image_tokens = self.vision(images)
         text_key_bias = attention_key_bias(attention_mask, images.dtype)
-        text_tokens = self.text(token_ids, text_key_bias)
+        text_tokens = self.text(token_ids, attention_mask, text_key_bias)
         fused_text, fused_image = self.fusion(text_tokens, text_key_bias, image_tokens)
         return self.head(fused_text, fused_image)
 
@@ -360,6 +488,19 @@ MODEL_FIELDS = ("hidden", "heads", "ffn", "vision_layers", "text_layers", "fusio
                 "image_size", "patch_size", "vocab_size", "max_text_length", "num_answers")
 
 
+def parse_layer_norm_eps(text):
+    """"V/T/F/H" (the `model:` line's layer_norm_eps(vision/text/fusion/head)) -> 4 floats."""
+    try:
+        values = tuple(float(part) for part in text.split("/"))
+    except ValueError:
+        values = ()
+    if len(values) != 4 or not all(value > 0 and math.isfinite(value) for value in values):
+        raise argparse.ArgumentTypeError(
+            f"must be four positive numbers vision/text/fusion/head, e.g. 1e-05/1e-12/1e-12/1e-12, "
+            f"got '{text}'")
+    return values
+
+
 def model_config(args):
     c = dict(PRESETS[args.preset])
     for field in MODEL_FIELDS:
@@ -368,6 +509,11 @@ def model_config(args):
             c[field] = value
     if args.dropout is not None:
         c["dropout"] = args.dropout
+    for field in ("vision_activation", "layer_norm_eps", "text_positions"):
+        if getattr(args, field) is not None:
+            c[field] = getattr(args, field)
+    if args.text_token_type is not None:
+        c["text_token_type"] = args.text_token_type == "true"
     # As vqa_train's setup_model_config(): the position table covers the
     # dataset's questions.
     c["max_text_length"] = max(c["max_text_length"], args.question_length or 0)
@@ -443,56 +589,283 @@ def run_rank(rank, args, init_method):
     # always uses, unless USE_LIBUV is set.
     if torch_version() >= (2, 4):
         os.environ.setdefault("USE_LIBUV", "0")
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=args.ranks)
+    cuda = args.device == "cuda"
+    device = torch.device("cpu")
+    if cuda:
+        device = torch.device("cuda", local_gpu_index(rank, args))
+        torch.cuda.set_device(device)
+        set_tf32(args.tf32)
+    if uses_ddp(args):
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=rank,
+                                world_size=args.ranks)
     c = model_config(args)
     torch.manual_seed(args.seed)
     model = M3AE(c)
     parameters = counted_parameters(model)
-    ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb,
-                                  find_unused_parameters=args.find_unused_parameters)
+    model.to(device)
+    net = model
+    if uses_ddp(args):
+        net = DistributedDataParallel(model, device_ids=[device.index] if cuda else None,
+                                      bucket_cap_mb=args.bucket_mb,
+                                      find_unused_parameters=args.find_unused_parameters,
+                                      gradient_as_bucket_view=args.gradient_as_bucket_view)
+    if args.compile != "none":
+        net = torch.compile(net, mode=args.compile)
     groups, multipliers = parameter_groups(model, args.lr, 0.01, 5.0, 50.0)
-    optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98), eps=1e-8,
-                                  foreach=args.foreach)
+    adamw = dict(lr=args.lr, betas=(0.9, 0.98), eps=1e-8)
+    if args.fused_adamw:
+        adamw["fused"] = True
+    else:
+        adamw["foreach"] = args.foreach
+    optimizer = torch.optim.AdamW(groups, **adamw)
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    scaler = make_grad_scaler() if args.precision == "fp16" else None
+    # CUDA graphs (reduce-overhead) reuse their output buffers: each step
+    # tells the graph tree that the previous step's outputs are dead.
+    mark_step = (getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
+                 if args.compile == "reduce-overhead" else None)
     question_length = args.question_length or c["max_text_length"]
-    batches = make_batches(c, args.batch_per_rank, question_length, 4,
-                           args.seed * 1000 + rank)
+    batches = [tuple(t.to(device) for t in batch)
+               for batch in make_batches(c, args.batch_per_rank, question_length, 4,
+                                         args.seed * 1000 + rank)]
 
     def step(index):
         images, token_ids, mask, targets = batches[index % len(batches)]
-        loss = vqa_loss(ddp(images, token_ids, mask), targets)
-        loss.backward()
+        if mark_step is not None:
+            mark_step()
+        with (torch.autocast(device_type=args.device, dtype=autocast_dtype)
+              if autocast_dtype is not None else contextlib.nullcontext()):
+            loss = vqa_loss(net(images, token_ids, mask), targets)
+        (scaler.scale(loss) if scaler is not None else loss).backward()
         # Constant lr here; vqa_train sets each group's lr from its schedule
         # every step, which this mirrors in cost.
         for group, multiplier in zip(optimizer.param_groups, multipliers):
             group["lr"] = args.lr * multiplier
-        optimizer.step()
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    def settle():
+        """Waits for the GPU's queued work and, with DDP, for every rank."""
+        if cuda:
+            torch.cuda.synchronize()
+        if uses_ddp(args):
+            dist.barrier(**({"device_ids": [device.index]} if cuda else {}))
+
+    warmup_start = time.perf_counter()
     for index in range(args.warmup_steps):
         step(index)
-    dist.barrier()
+    settle()
+    warmup_seconds = time.perf_counter() - warmup_start
+    peak_source = reset_peak_memory(device)
+    # Step boundaries: CUDA events on the stream (no host sync inside the
+    # timed loop), the host clock on the CPU, where a step ends when it returns.
+    marks = ([torch.cuda.Event(enable_timing=True) for _ in range(args.steps + 1)] if cuda
+             else [0.0] * (args.steps + 1))
+
+    def mark(i):
+        if cuda:
+            marks[i].record()
+        else:
+            marks[i] = time.perf_counter()
+
+    cpu_start = time.process_time()
     start = time.perf_counter()
+    mark(0)
     for index in range(args.steps):
         step(args.warmup_steps + index)
-    dist.barrier()
+        mark(index + 1)
+    settle()
     seconds = time.perf_counter() - start
+    host_seconds = time.process_time() - cpu_start
+    step_times = ([marks[i].elapsed_time(marks[i + 1]) / 1e3 for i in range(args.steps)] if cuda
+                  else [marks[i + 1] - marks[i] for i in range(args.steps)])
+    peak_memory = peak_memory_bytes(device)
+    profile = profile_steps(step, args.warmup_steps + args.steps, args.profile_steps,
+                            rank == 0, cuda, settle)
     if rank == 0:
         samples = args.ranks * args.batch_per_rank * args.steps
-        print_result(args, c, parameters, seconds=seconds, samples=samples,
+        median = statistics.median(step_times)
+        gpu = ({"gpu": torch.cuda.get_device_name(device),
+                "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+                "tf32_cudnn": torch.backends.cudnn.allow_tf32} if cuda else {})
+        print_result(args, c, parameters, **gpu, seconds=seconds, samples=samples,
                      samples_per_second=samples / seconds,
-                     step_seconds=seconds / max(1, args.steps))
-    dist.destroy_process_group()
+                     step_seconds=seconds / max(1, args.steps),
+                     step_seconds_median=median,
+                     samples_per_second_median=args.ranks * args.batch_per_rank / median,
+                     warmup_seconds=warmup_seconds,
+                     compile_seconds=warmup_seconds if args.compile != "none" else None,
+                     peak_memory_bytes=peak_memory,
+                     peak_memory_source=peak_source,
+                     host_seconds_per_step=host_seconds / args.steps, **profile)
+    if uses_ddp(args):
+        dist.destroy_process_group()
+
+
+def uses_ddp(args):
+    """DDP on the CPU always (the scaling reports compare it at 1 rank too), on
+    GPUs from 2 ranks: one GPU trains the plain model, as anyone would."""
+    return args.device == "cpu" or args.ranks > 1
+
+
+def local_gpu_index(rank, args):
+    """Spawned ranks share this host: rank r on GPU r. One rank per process
+    (--rank): LOCAL_RANK when the launcher sets it, else rank mod the GPUs."""
+    if args.rank is None:
+        return rank
+    return int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
+
+
+def set_tf32(mode):
+    """--tf32 on|off sets both TF32 switches; default leaves PyTorch's
+    (matmul off, cuDNN on), which is what vqa_train runs with."""
+    if mode != "default":
+        torch.backends.cuda.matmul.allow_tf32 = mode == "on"
+        torch.backends.cudnn.allow_tf32 = mode == "on"
+
+
+def make_grad_scaler():
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):  # PyTorch 2.3+
+        return torch.amp.GradScaler("cuda")
+    return torch.cuda.amp.GradScaler()
+
+
+def reset_peak_memory(device):
+    """Starts the peak-memory count afresh; returns what will be counted."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return "GPU allocated (PyTorch)"
+    try:  # "5" resets VmHWM to the current resident set (Linux 4.0+), as vqa_train does
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return "resident set (VmHWM)"
+    except OSError:
+        return "resident set (VmHWM, since the process started)"
+
+
+def peak_memory_bytes(device):
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+# CUDA runtime and driver calls (cudaLaunchKernel, cuLaunchKernel, ...):
+# host events of the profiler that are not operators.
+CUDA_API_CALL = re.compile(r"cu(da)?[A-Z]")
+# RecordScope::FUNCTION: an operator (not an autograd node, not a user scope
+# such as record_function or the optimiser's step).
+FUNCTION_SCOPE = 0
+
+
+def profile_steps(step, first_index, count, profiling, cuda, settle):
+    """Runs `count` more steps (every rank) under torch.profiler on the
+    profiling rank, from an idle GPU; returns the per-step counts and times."""
+    if count < 1:
+        return {}
+    settle()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with (torch.profiler.profile(activities=activities) if profiling
+          else contextlib.nullcontext()) as profiler:
+        for index in range(count):
+            step(first_index + index)
+        if cuda:
+            torch.cuda.synchronize()
+    settle()
+    return summarize_profile(profiler, count, cuda) if profiling else {}
+
+
+def profiled_events(profiler):
+    """(name, on the GPU, scope, start s, end s) of every profiled event: the
+    profiler's raw event list, which vqa_train's --profile reads too."""
+    device_type = getattr(torch.autograd, "DeviceType", None) or torch._C._autograd.DeviceType
+    results = getattr(profiler.profiler, "kineto_results", None)
+    if results is None:  # a PyTorch that keeps only the parsed events
+        for e in profiler.events():
+            yield (e.name, e.device_type == device_type.CUDA, e.scope,
+                   e.time_range.start / 1e6, e.time_range.end / 1e6)
+        return
+    for e in results.events():
+        # Record_function ranges (the optimiser's step, compiled regions), also
+        # drawn on the GPU's timeline in 2.x: neither operators nor kernels.
+        if getattr(e, "is_user_annotation", lambda: False)():
+            continue
+        if hasattr(e, "start_ns"):  # PyTorch 2.x
+            start, length = e.start_ns() / 1e9, e.duration_ns() / 1e9
+        else:
+            start, length = e.start_us() / 1e6, e.duration_us() / 1e6
+        yield e.name(), e.device_type() == device_type.CUDA, e.scope(), start, start + length
+
+
+def summarize_profile(profiler, steps, cuda):
+    host, gpu = [], []
+    operators = kernels = graph_launches = 0
+    for name, on_gpu, scope, start, end in profiled_events(profiler):
+        if on_gpu:
+            gpu.append((start, end))
+            if not name.startswith(("Memcpy", "Memset")):
+                kernels += 1
+        elif name.startswith("cudaGraphLaunch"):
+            graph_launches += 1
+        elif scope == FUNCTION_SCOPE and not CUDA_API_CALL.match(name):
+            operators += 1
+            host.append((start, end))
+    busy = union_seconds(gpu)
+    summary = {"profile_steps": steps, "operators_per_step": operators / steps,
+               "host_operator_seconds_per_step": union_seconds(host) / steps,
+               "kernels_per_step": None, "graph_launches_per_step": None,
+               "gpu_busy_seconds_per_step": None, "gpu_idle_seconds_per_step": None}
+    if cuda:
+        span = max(end for _, end in gpu) - min(start for start, _ in gpu) if gpu else 0.0
+        summary.update(kernels_per_step=kernels / steps,
+                       graph_launches_per_step=graph_launches / steps,
+                       gpu_busy_seconds_per_step=busy / steps,
+                       gpu_idle_seconds_per_step=(span - busy) / steps)
+    return summary
+
+
+def union_seconds(intervals):
+    """Length of the union of (start, end) intervals."""
+    total, reached = 0.0, None
+    for start, end in sorted(intervals):
+        if reached is None or start >= reached:
+            total += end - start
+            reached = end
+        elif end > reached:
+            total += end - reached
+            reached = end
+    return total
 
 
 def print_result(args, c, parameters, **timing):
-    record = {"impl": "pytorch-ddp", "torch": torch.__version__, "backend": "gloo",
+    ddp = uses_ddp(args)
+    record = {"impl": "pytorch-ddp", "torch": torch.__version__,
+              "backend": ("nccl" if args.device == "cuda" else "gloo") if ddp else None,
               "preset": args.preset, "ranks": args.ranks, "threads_per_rank": args.threads,
               "batch_per_rank": args.batch_per_rank, "steps": args.steps,
               "warmup_steps": args.warmup_steps, "bucket_mb": args.bucket_mb,
               "foreach": bool(args.foreach), "attention": args.attention,
               "find_unused_parameters": bool(args.find_unused_parameters),
-              "launcher": "spawn" if args.rank is None else "one rank per process",
-              "parameters": parameters, "model": c}
+              "launcher": ("one rank per process" if args.rank is not None
+                           else "spawn" if ddp else "this process"),
+              "device": args.device, "ddp": ddp, "precision": args.precision,
+              "autocast": {"bf16": "bfloat16", "fp16": "float16"}.get(args.precision),
+              "loss_scaling": args.precision == "fp16", "tf32": args.tf32,
+              "tf32_matmul": None, "tf32_cudnn": None, "fused_adamw": bool(args.fused_adamw),
+              "gradient_as_bucket_view": bool(args.gradient_as_bucket_view),
+              "compile": args.compile, "parameters": parameters, "model": c}
     record.update(timing)
     print(json.dumps(record), flush=True)
 
@@ -503,21 +876,59 @@ def free_port():
         return s.getsockname()[1]
 
 
+# Exit status when the installed PyTorch lacks what a flag asks for; the
+# bench scripts print the one-line reason in their table.
+EXIT_UNSUPPORTED = 3
+
+
+def require_features(args):
+    """Exits with status 3 and one line naming what this PyTorch lacks."""
+    version = torch.__version__
+    missing = None
+    if args.compile != "none" and not hasattr(torch, "compile"):
+        missing = f"torch.compile not available in PyTorch {version} (it came with 2.0)"
+    elif args.attention == "sdpa" and not hasattr(F, "scaled_dot_product_attention"):
+        missing = (f"F.scaled_dot_product_attention not available in PyTorch {version} "
+                   f"(it came with 2.0)")
+    elif args.fused_adamw and "fused" not in inspect.signature(torch.optim.AdamW).parameters:
+        missing = (f"torch.optim.AdamW(fused=True) not available in PyTorch {version} "
+                   f"(2.0 or later on CUDA)")
+    elif args.fused_adamw and args.device == "cpu" and torch_version() < (2, 4):
+        missing = (f"fused AdamW on the CPU not available in PyTorch {version} "
+                   f"(2.4 or later; on CUDA 2.0 or later)")
+    if missing:
+        print(f"ddp_reference.py: {missing}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_UNSUPPORTED)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
     parser.add_argument("--question-length", type=int, default=0,
                         help="L, tokens per question of the dataset (0: max-text-length)")
     model = parser.add_argument_group(
-        "model sizes (0: the preset's; vqa_train takes vocabulary, answers and image size "
-        "from the dataset)")
+        "model sizes and structure (0 or unset: the preset's; vqa_train takes vocabulary, "
+        "answers and image size from the dataset)")
     for field in MODEL_FIELDS:
         model.add_argument("--" + field.replace("_", "-"), type=int, default=0)
     model.add_argument("--dropout", type=float, default=None, help="(default: the preset's)")
+    model.add_argument("--vision-activation", choices=("gelu", "quick_gelu"), default=None,
+                       help="the vision blocks' MLP activation (base: quick_gelu, CLIP's)")
+    model.add_argument("--layer-norm-eps", type=parse_layer_norm_eps, default=None,
+                       metavar="V/T/F/H",
+                       help="LayerNorm epsilons of vision / text / fusion / head, as the "
+                            "`model:` line's layer_norm_eps (base: 1e-05/1e-05/1e-12/1e-05)")
+    model.add_argument("--text-positions", choices=("plain", "roberta"), default=None,
+                       help="plain: positions 0..L-1; roberta: 1 + the rank among real "
+                            "tokens, padding at row 1, 2 more rows (base)")
+    model.add_argument("--text-token-type", choices=("true", "false"), default=None,
+                       help="add RoBERTa's single token-type row to every token (base: true)")
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--batch-per-rank", type=int, default=16)
     parser.add_argument("--steps", type=int, default=8, help="timed steps")
     parser.add_argument("--warmup-steps", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--profile-steps", type=int, default=2,
+                        help="steps after the timed ones under torch.profiler (0: none)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
     parser.add_argument("--lr", type=float, default=5e-5)
@@ -525,9 +936,28 @@ def main():
     parser.add_argument("--foreach", action="store_true", help="multi-tensor AdamW")
     parser.add_argument("--attention", choices=sorted(ATTENTION_MODULES), default="explicit",
                         help="explicit: matmul / softmax / matmul as vqa_train's; torch: "
-                             "nn.MultiheadAttention")
+                             "nn.MultiheadAttention; sdpa: F.scaled_dot_product_attention "
+                             "(PyTorch 2.0+)")
     parser.add_argument("--find-unused-parameters", action="store_true",
                         help="DistributedDataParallel(find_unused_parameters=True)")
+    fast = parser.add_argument_group("device and speed")
+    fast.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                      help="cuda: rank r on GPU r, NCCL between ranks, no DDP on 1 rank")
+    fast.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                      help="bf16 / fp16 (GPU only, as vqa_train's): torch.autocast around "
+                           "forward and loss; fp16 with GradScaler")
+    fast.add_argument("--tf32", choices=("on", "off", "default"), default="default",
+                      help="GPU: torch.backends.cuda.matmul.allow_tf32 and "
+                           "torch.backends.cudnn.allow_tf32 (default: PyTorch's own, matmul "
+                           "off and cuDNN on)")
+    fast.add_argument("--fused-adamw", action="store_true",
+                      help="torch.optim.AdamW(fused=True) (PyTorch 2.0+ on CUDA)")
+    fast.add_argument("--gradient-as-bucket-view", action="store_true",
+                      help="DistributedDataParallel(gradient_as_bucket_view=True)")
+    fast.add_argument("--compile", choices=("none", "default", "reduce-overhead",
+                                            "max-autotune-no-cudagraphs"), default="none",
+                      help="torch.compile(model, mode=...); the warm-up steps include "
+                           "compilation (compile_seconds)")
     parser.add_argument("--port", type=int, default=0,
                         help="rendezvous port on 127.0.0.1 when spawning (0: a free one)")
     hosts = parser.add_argument_group(
@@ -555,8 +985,9 @@ def main():
     for name in ("ranks", "batch_per_rank", "steps", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.warmup_steps < 0:
-        parser.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+    for name in ("warmup_steps", "profile_steps"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
 
     global attention_module
     attention_module = ATTENTION_MODULES[args.attention]
@@ -565,11 +996,25 @@ def main():
         model = M3AE(c)
         print_result(args, c, counted_parameters(model))
         return
+    require_features(args)
+    if args.precision != "fp32" and args.device == "cpu":
+        parser.error(f"--precision {args.precision} needs --device cuda (autocast on the GPU "
+                     "only, as vqa_train's: on the CPU both compute in float32)")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: this PyTorch sees no usable GPU "
+                         f"(torch {torch.__version__}, CUDA {torch.version.cuda})")
+        if args.rank is None and args.ranks > torch.cuda.device_count():
+            parser.error(f"--ranks {args.ranks} on --device cuda: one GPU per rank, and "
+                         f"{torch.cuda.device_count()} are visible")
     # Every rank one thread, also inside OpenMP regions started before
     # set_num_threads (the spawned processes inherit the environment).
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     if args.rank is not None:
         run_rank(args.rank, args, f"tcp://{args.master}")
+        return
+    if not uses_ddp(args):  # one GPU, no process group: no rendezvous, no spawn
+        run_rank(0, args, None)
         return
     mp.spawn(run_rank, args=(args, f"tcp://127.0.0.1:{args.port or free_port()}"),
              nprocs=args.ranks, join=True)

@@ -1,7 +1,8 @@
-# Sourced by jobs/bench_scaling.sh and jobs/bench_slow_link.sh, not run.
+# Sourced by jobs/bench_scaling.sh, jobs/bench_slow_link.sh and jobs/bench_gpu.sh, not run.
 #
 # ddp_setup RUN_DIR: the DDP reference (jobs/ddp_reference.py) gets every
-# size of vqa_train's model from the run's "model:" log line, the bucket size
+# size of vqa_train's model and its structure (activation, LayerNorm
+# epsilons, text positions) from the run's "model:" log line, the bucket size
 # from its config.ini (with --bucket-mb 0, auto, DDP's own default of 25 MiB),
 # then DDP_FLAGS (which win). Both models must have the same parameter count,
 # or the comparison means nothing: sets ddp_flags and parameters, or stops
@@ -27,6 +28,15 @@ ddp_setup() {
     [[ -n $value ]] || die "no $field in: $line"
     ddp_flags+=("--${field//_/-}" "$value")
   done
+  # The structure (base: M3AE's QuickGELU, LayerNorm epsilons, RoBERTa's
+  # positions and token-type row); a line without these fields is from a
+  # vqa_train that has only tiny's and small's, the reference's defaults.
+  for field in vision_activation text_positions text_token_type; do
+    value=$(sed -nE "s/.* ${field}=([a-z_]+)([ ,].*)?$/\1/p" <<<"$line")
+    [[ -n $value ]] && ddp_flags+=("--${field//_/-}" "$value")
+  done
+  value=$(sed -nE 's|.* layer_norm_eps\(vision/text/fusion/head\)=([^ ,]+).*|\1|p' <<<"$line")
+  [[ -n $value ]] && ddp_flags+=(--layer-norm-eps "$value")
   read -r -a extra <<<"${DDP_FLAGS:-}"
   ddp_flags+=("${extra[@]}")
   theirs=$("$python" jobs/ddp_reference.py "${ddp_flags[@]}" --count-only |
