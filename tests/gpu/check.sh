@@ -31,7 +31,9 @@
 # 2 x 16 per epoch), VQA_GPU_BATCH (per micro-step, default 16), VQA_GPU_STEPS
 # (optimiser steps per epoch, default 0: all), VQA_GPU_PRESET
 # (default base), VQA_GPU_UNTIL (the last stage to run: prefix, preflight,
-# build, communicator, sweep or train, the default), VQA_GPU_SWEEP (stage sweep,
+# build, communicator, bench, sweep or train, the default), VQA_GPU_BENCH=1
+# (stage bench after the communicator: jobs/bench_gpu.sh's side-by-side
+# table of vqa_train and PyTorch on this GPU), VQA_GPU_SWEEP (stage sweep,
 # below), TORCH_DIR (LibTorch's CMake folder; default: the one of
 # python3's torch), VQA_GPU_WORK (default .gpu-check/work: the prefix and
 # the build; a second call reuses the build), VQA_GPU_DEVICE=cpu (a dry run
@@ -57,8 +59,8 @@ die() { say "FAILED: $*"; exit 1; }
 stage_start=0
 stage() { stage_start=$(date +%s); stage_name=$1; }
 until_stage=${VQA_GPU_UNTIL:-train}
-case $until_stage in prefix | preflight | build | communicator | sweep | train) ;; *)
-  echo "gpu-check: VQA_GPU_UNTIL must be prefix, preflight, build, communicator, sweep or train, got '$until_stage'" >&2
+case $until_stage in prefix | preflight | build | communicator | bench | sweep | train) ;; *)
+  echo "gpu-check: VQA_GPU_UNTIL must be prefix, preflight, build, communicator, bench, sweep or train, got '$until_stage'" >&2
   exit 2 ;;
 esac
 stage_done() {
@@ -187,6 +189,20 @@ if [[ $device == cuda ]]; then
   grep -v '^#' "$out/allreduce_bench.log" | tail -n 3 | sed 's/^/gpu-check:   /' | tee -a "$summary"
 fi
 stage_done
+
+# ---- bench (optional): vqa_train and PyTorch side by side (jobs/bench_gpu.sh) ----
+# VQA_GPU_BENCH=1: jobs/bench_gpu.sh's table on this GPU, on the bundle's
+# bench384.h5 (BATCHES, STEPS, COMPILE_MODES ... as that script reads them;
+# about 8-10 minutes at its defaults, most of it torch.compile);
+# VQA_GPU_UNTIL=bench stops after it.
+if [[ -n ${VQA_GPU_BENCH:-} ]]; then
+  stage bench
+  DEVICE=$device PYTHON=$python DATA=$bundle/bench384.h5 OUT_DIR=$out/bench_gpu \
+    bash "$source_dir/jobs/bench_gpu.sh" "$work/build" >"$out/bench_gpu.log" 2>&1 ||
+    { tail -n 40 "$out/bench_gpu.log"; die "bench_gpu.sh"; }
+  sed 's/^/gpu-check:   /' "$out/bench_gpu/table.txt" | tee -a "$summary"
+  stage_done
+fi
 
 # ---- sweep (optional): samples/s of the preset by precision and batch -----------
 # VQA_GPU_SWEEP="bf16:16 bf16:64 fp32:16 bf16:16:--packed-attention": each

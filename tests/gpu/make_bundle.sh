@@ -56,4 +56,9 @@ packages=(
 # 2 x 16 per epoch, enough for a steady samples/s on a fast GPU.
 "$build/vqa_prep" synth --train-questions 512 --test-questions 32 --image-size 384 \
   --questions-per-image 16 -o "$bundle/synth384.h5" >/dev/null
+# The side-by-side benchmark's (check.sh's bench stage, jobs/bench_gpu.sh):
+# 1,280 questions of M3AE's 32 tokens over RoBERTa's vocabulary, on 10
+# images (about 5 MB): 20 steps of 64 per epoch.
+"$build/vqa_prep" synth --train-questions 1280 --test-questions 8 --image-size 384 \
+  --max-len 32 --vocab-size 50265 --questions-per-image 128 -o "$bundle/bench384.h5" >/dev/null
 du -sh "$bundle" | sed 's/^/make_bundle.sh: /'
