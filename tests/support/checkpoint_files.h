@@ -54,4 +54,17 @@ inline double max_relative_difference(const std::map<std::string, torch::Tensor>
   return worst;
 }
 
+// Names of the tensors that differ in any bit (or that only `a` has), "" when
+// the two models are bitwise equal.
+inline std::string differing_tensors(const std::map<std::string, torch::Tensor>& a,
+                                     const std::map<std::string, torch::Tensor>& b) {
+  std::string names;
+  EXPECT_EQ(a.size(), b.size());
+  for (const auto& [name, tensor] : a) {
+    const auto other = b.find(name);
+    if (other == b.end() || !torch::equal(tensor, other->second)) names += name + " ";
+  }
+  return names;
+}
+
 }  // namespace vqa::testing

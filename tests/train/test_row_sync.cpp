@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <map>
 
-#include "checkpoint_files.h"  // load_model, max_relative_difference
+#include "checkpoint_files.h"  // load_model, max_relative_difference, differing_tensors
 #include "process.h"           // run_process, mpirun_prefix, make_temp_dir
 #include "run_files.h"         // read_metrics
 
@@ -17,6 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using vqa::testing::differing_tensors;
 using vqa::testing::load_model;
 
 class RowSync : public ::testing::Test {
@@ -54,18 +55,6 @@ class RowSync : public ::testing::Test {
     return load_model(out + "/checkpoints/epoch-0000.pt");
   }
 
-  // Names of the tensors that differ in any bit.
-  static std::string differing(const std::map<std::string, torch::Tensor>& a,
-                               const std::map<std::string, torch::Tensor>& b) {
-    std::string names;
-    EXPECT_EQ(a.size(), b.size());
-    for (const auto& [name, tensor] : a) {
-      const auto other = b.find(name);
-      if (other == b.end() || !torch::equal(tensor, other->second)) names += name + " ";
-    }
-    return names;
-  }
-
   // The epoch's allreduced bytes per step, as metrics.jsonl records them.
   static double bytes_per_step(const std::string& out) {
     const auto records = vqa::testing::read_metrics(out);
@@ -86,7 +75,7 @@ TEST_F(RowSync, EqualsTheWholeTableBitwiseAtTwoRanks) {
             std::string::npos)
       << last_output_;
   const auto dense_out = train("dense", 2, common + "--sparse-embedding-sync off");
-  EXPECT_EQ(differing(model_of(rows_out), model_of(dense_out)), "");
+  EXPECT_EQ(differing_tensors(model_of(rows_out), model_of(dense_out)), "");
   const double rows_bytes = bytes_per_step(rows_out), dense_bytes = bytes_per_step(dense_out);
   std::printf("bytes per step: by rows %.0f, whole table %.0f\n", rows_bytes, dense_bytes);
   // The tiny model's table is 5000 x 64 float32 = 1.28 MB of the 2.42 MB
@@ -97,7 +86,7 @@ TEST_F(RowSync, EqualsTheWholeTableBitwiseAtTwoRanks) {
       train("rows-bf16", 2, common + "--bf16-allreduce true --sparse-embedding-sync on");
   const auto dense_bf16 =
       train("dense-bf16", 2, common + "--bf16-allreduce true --sparse-embedding-sync off");
-  EXPECT_EQ(differing(model_of(rows_bf16), model_of(dense_bf16)), "");
+  EXPECT_EQ(differing_tensors(model_of(rows_bf16), model_of(dense_bf16)), "");
 }
 
 // Accumulation (2 micro-steps per step: the union over both) at 2 ranks is
@@ -112,7 +101,7 @@ TEST_F(RowSync, EqualsTheWholeTableWithAccumulationAndAtThreeRanks) {
   EXPECT_NE(last_output_.find("2 accumulation step(s)"), std::string::npos) << last_output_;
   const auto dense_acc =
       train("dense-acc", 2, "--global-batch 32 --batch-per-rank 8 --sparse-embedding-sync off");
-  EXPECT_EQ(differing(model_of(rows_acc), model_of(dense_acc)), "");
+  EXPECT_EQ(differing_tensors(model_of(rows_acc), model_of(dense_acc)), "");
 
   const std::string three = " --global-batch 24 --batch-per-rank 8 --grad-clip 1.0 ";
   const auto rows_three = train("rows-3", 3, three + "--sparse-embedding-sync on");

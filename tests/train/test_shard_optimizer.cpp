@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <map>
 
-#include "checkpoint_files.h"  // load_model, max_relative_difference
+#include "checkpoint_files.h"  // load_model, max_relative_difference, differing_tensors
 #include "process.h"           // run_process, mpirun_prefix, make_temp_dir
 #include "run_files.h"         // read_metrics
 
@@ -18,6 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using vqa::testing::differing_tensors;
 using vqa::testing::load_model;
 using vqa::testing::max_relative_difference;
 using vqa::testing::read_metrics;
@@ -96,11 +97,8 @@ TEST_F(ShardOptimizer, TwoAndThreeRanksEqualOneRankWithAccumulationAndClipping) 
   const auto plain_sharded =
       load_model(checkpoint(train("plain-sharded", 2, common + "--shard-optimizer"), 1));
   const auto plain_whole = load_model(checkpoint(train("plain-whole", 2, common), 1));
-  std::string differing;
-  for (const auto& [name, tensor] : plain_whole) {
-    if (!torch::equal(tensor, plain_sharded.at(name))) differing += name + " ";
-  }
-  EXPECT_EQ(differing, "") << "sharded and unsharded 2-rank runs differ without clipping";
+  EXPECT_EQ(differing_tensors(plain_whole, plain_sharded), "")
+      << "sharded and unsharded 2-rank runs differ without clipping";
 }
 
 // Sharding combined with the other ways of sending gradients, 2 ranks, no
@@ -120,11 +118,7 @@ TEST_F(ShardOptimizer, CombinesWithRowSyncBf16AllreduceAndFp16Exactly) {
       EXPECT_NE(last_output_.find("stays whole on every rank"), std::string::npos) << last_output_;
     }
     const auto whole = load_model(checkpoint(train("with-whole", 2, common + variant), 0));
-    std::string differing;
-    for (const auto& [name, tensor] : whole) {
-      if (!torch::equal(tensor, sharded.at(name))) differing += name + " ";
-    }
-    EXPECT_EQ(differing, "") << variant;
+    EXPECT_EQ(differing_tensors(whole, sharded), "") << variant;
     fs::remove_all(directory_ + "/with-sharded");
     fs::remove_all(directory_ + "/with-whole");
   }
@@ -147,12 +141,8 @@ TEST_F(ShardOptimizer, ResumesExactlyAtTheSameAndAtAnotherRankCount) {
   const auto whole = train("whole", 1, common + "--resume " + from);
 
   const auto want = load_model(checkpoint(straight, 3));
-  std::string differing;
-  const auto got = load_model(checkpoint(same, 3));
-  for (const auto& [name, tensor] : want) {
-    if (!torch::equal(tensor, got.at(name))) differing += name + " ";
-  }
-  EXPECT_EQ(differing, "") << "resumed at 2 ranks differs from the uninterrupted run";
+  EXPECT_EQ(differing_tensors(want, load_model(checkpoint(same, 3))), "")
+      << "resumed at 2 ranks differs from the uninterrupted run";
   const double three_vs_two = max_relative_difference(load_model(checkpoint(more, 3)), want);
   const double one_vs_two = max_relative_difference(load_model(checkpoint(whole, 3)), want);
   std::printf("max relative difference after resuming: at 3 ranks %.3g, at 1 rank %.3g\n",
