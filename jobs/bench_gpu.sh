@@ -355,21 +355,11 @@ rows = [json.loads(line) for line in open(rows_path) if line.strip()]
 order = {"vqa-hpc": 0, "pytorch-eager": 1}
 rows.sort(key=lambda r: (r["batch"], order.get(r["impl"], 2), r["impl"],
                          ["bf16", "fp16", "fp32"].index(r["precision"])))
-sizes = dict(re.findall(r"(\w+)=(\S+)", model_line))
+sys.path.insert(0, "jobs")  # the script runs from the repository root
+from model_flops import forward_flops, model_sizes  # the GPU check's formula too
 
-# Forward FLOPs per sample, the matrix products counted from the model's
-# sizes: a copy of tests/gpu/check.sh's formula (change both together), with
-# MAX_LEN question tokens where the check takes M3AE's 32.
-h, ffn, p, s = (int(sizes[k]) for k in ("hidden", "ffn", "patch_size", "image_size"))
-tv = (s // p) ** 2 + 1              # image tokens, class token included
-tt = int(max_len)                   # question tokens
-layer = lambda t: 2 * t * (4 * h * h + 2 * h * ffn) + 4 * t * t * h   # projections + attention
-vision = 2 * tv * 3 * p * p * h + int(sizes["vision_layers"]) * layer(tv)
-text = int(sizes["text_layers"]) * layer(tt)
-cross = lambda a, b: layer(a) + 2 * (2 * a * h * h + 2 * b * h * h) + 4 * a * b * h
-fusion = int(sizes["fusion_layers"]) * (cross(tt, tv) + cross(tv, tt)) + 2 * (tt + tv) * h * h
-forward = vision + text + fusion
-train_flops = 3 * forward
+# Forward FLOPs per sample for MAX_LEN question tokens, x3 for a trained one.
+train_flops = 3 * forward_flops(model_sizes(model_line), max_len)
 
 def fmt(value, spec):
     return "n/a" if value is None else format(value, spec)
@@ -426,7 +416,7 @@ for row in rows:
     if row.get("steps") is not None and row["steps"] < int(steps):
         print(f"{row['impl']} {row['precision']} batch {row['batch']}: {row['steps']} timed "
               f"steps, not {steps} (the dataset has fewer questions)")
-print(f"model FLOPs per trained sample: {train_flops / 1e9:.4g} G (forward x3, {tt} question "
+print(f"model FLOPs per trained sample: {train_flops / 1e9:.4g} G (forward x3, {max_len} question "
       f"tokens); {parameters} parameters in both models")
 EOF
 

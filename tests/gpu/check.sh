@@ -263,21 +263,17 @@ say "  fp16: $("$python" -c 'import json, sys; r = json.loads(open(sys.argv[1]).
   grep '^  step ' "$out/train.log" | tail -n 1 || true
   grep 'memory per rank' "$out/train.log" | tail -n 1 || true
 } | sed 's/^/gpu-check:   /' | tee -a "$summary"
-"$python" - "$out/metrics.jsonl" "$out/train.log" "${memory_log:-}" "$peak_tflops" <<'PY' | tee -a "$summary"
-import json, re, sys
+"$python" - "$out/metrics.jsonl" "$out/train.log" "${memory_log:-}" "$peak_tflops" \
+  "$source_dir/jobs" <<'PY' | tee -a "$summary"
+import json, sys
 metrics, log, memory, peak = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+sys.path.insert(0, sys.argv[5])
+from model_flops import forward_flops, model_sizes  # jobs/bench_gpu.sh's formula too
 epochs = [json.loads(line) for line in open(metrics)]
 timed = sorted(e["samples_per_second"] for e in epochs[1:] or epochs)  # the first warmed up
-sizes = dict(re.findall(r"(\w+)=(\S+)", next(l for l in open(log) if l.startswith("model:"))))
-h, ffn, p, s = (int(sizes[k]) for k in ("hidden", "ffn", "patch_size", "image_size"))
-tv = (s // p) ** 2 + 1              # image tokens, class token included
-tt = 32                             # question tokens (M3AE's length; the synthetic set pads to it or less)
-layer = lambda t: 2 * t * (4 * h * h + 2 * h * ffn) + 4 * t * t * h   # projections + attention
-vision = 2 * tv * 3 * p * p * h + int(sizes["vision_layers"]) * layer(tv)
-text = int(sizes["text_layers"]) * layer(tt)
-cross = lambda a, b: layer(a) + 2 * (2 * a * h * h + 2 * b * h * h) + 4 * a * b * h
-fusion = int(sizes["fusion_layers"]) * (cross(tt, tv) + cross(tv, tt)) + 2 * (tt + tv) * h * h
-forward = vision + text + fusion
+sizes = model_sizes(next(l for l in open(log) if l.startswith("model:")))
+# 32 question tokens: M3AE's length (the synthetic set pads to it or less).
+forward = forward_flops(sizes, 32)
 rate = timed[len(timed) // 2]
 mfu = 3 * forward * rate / (peak * 1e12)
 print(f"gpu-check:   samples/s {rate:.1f} (median of {len(timed)} epochs after the first; "
