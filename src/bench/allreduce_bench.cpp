@@ -1,20 +1,22 @@
 // vqa_allreduce_bench: bandwidth and correctness of the communicator's
 // allreduce, in the manner of nccl-tests. For the MPI backend each size is
-// also timed with a raw MPI_Allreduce on the same buffer, interleaved round by
-// round, so the overhead of our layer shows as a ratio.
+// also timed with a raw MPI_Allreduce on the same buffer, in slices alternating
+// with ours within every round, so the overhead of our layer shows as a ratio
+// that a slow spell of a shared machine affects on both sides alike.
 //
 //   mpirun -np 2 build/vqa_allreduce_bench -b 4 -e 256M -f 4
 #include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "runtime/check.h"         // fatal_user_error
 #include "runtime/communicator.h"  // Communicator, communicator_create
-#include "runtime/distributed.h"   // DistributedSession, distributed_raw_allreduce_sum
+#include "runtime/distributed.h"   // DistributedSession
 #include "runtime/system_info.h"   // keep_freed_memory_for_reuse, mpi_yield_when_idle
 #include "util/clock.h"            // SteadyClock, seconds_since
 #include "util/options.h"          // OptionTable
@@ -33,6 +35,7 @@ struct BenchConfig {
   int warmup_iters = 5;
   int iters = 20;
   int rounds = 5;
+  double round_seconds = 0.2;
   std::string dtype = "float";
   std::string op = "sum";
   vqa::runtime::Backend backend = vqa::runtime::Backend::kAuto;
@@ -113,7 +116,7 @@ double time_raw_mpi(Communicator& comm, const torch::Tensor& buffer, int iters) 
   comm.barrier();
   const auto start = vqa::util::SteadyClock::now();
   for (int i = 0; i < iters; ++i) {
-    vqa::runtime::distributed_raw_allreduce_sum(buffer.data_ptr<float>(), buffer.numel());
+    comm.library_allreduce_sum(buffer);
   }
   comm.barrier();
   return vqa::util::seconds_since(start) / iters;
@@ -141,6 +144,11 @@ int main(int argc, char** argv) {
       .add("warmup_iters,w", &config.warmup_iters, "untimed allreduces before each size",
            vqa::util::Range{0, 1e6})
       .add("iters,n", &config.iters, "timed allreduces per round", vqa::util::Range{1, 1e6})
+      .add("round-seconds", &config.round_seconds,
+           "more timed allreduces per round where -n would take less than this many seconds "
+           "(from the warm-up's time per call), so one pause of a shared machine's scheduler "
+           "does not dominate a round; 0: exactly -n",
+           vqa::util::Range{0, 60})
       .add("rounds,r", &config.rounds,
            "rounds per size; the table shows the median round (ours and raw MPI alternate)",
            vqa::util::Range{1, 1e4})
@@ -217,23 +225,27 @@ int run_bench(const BenchConfig& config, int64_t min_bytes, int64_t max_bytes,
   if (info.rank == 0) {
     std::printf(
         "# vqa_allreduce_bench: %d ranks, backend %s (%s allreduce), device %s, %d warm-up + %d "
-        "x %d timed iterations per size (median round)\n",
+        "x (at least %d, and %.3g s) timed iterations per size (median round)\n",
         n, vqa::runtime::backend_name(comm->backend()).c_str(),
         comm->backend() == vqa::runtime::Backend::kMpi
             ? vqa::runtime::mpi_allreduce_name(config.mpi_allreduce).c_str()
             : "nccl",
-        device.str().c_str(), config.warmup_iters, config.rounds, config.iters);
+        device.str().c_str(), config.warmup_iters, config.rounds, config.iters,
+        config.round_seconds);
     std::printf(
         "# time = blocking allreduce; async = allreduce_async + wait (progress thread);\n"
-        "# busbw = algbw * 2(n-1)/n; raw = MPI_Allreduce on the same buffer; "
-        "ratio = time / raw;\n# cpu = this process's CPU time (all threads, user + system) per MB "
-        "sent and received, 2(n-1)/n of the size (the busiest rank's)\n");
+        "# busbw = algbw * 2(n-1)/n; raw = MPI_Allreduce on the same buffer and MPI communicator; "
+        "ratio = median over rounds of time / raw in the round (8 alternating slices each);\n# cpu "
+        "= this "
+        "process's CPU time (all threads, user + system) per MB "
+        "sent and received, 2(n-1)/n of the size (the busiest rank's); iters = timed calls per "
+        "round\n");
     if (!tuning.empty()) std::printf("# %s\n", tuning.c_str());
-    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s %10s\n", "size(B)", "count",
+    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s %10s %7s\n", "size(B)", "count",
                 "type", "redop", "time(us)", "algbw", "busbw", "#wrong", "async(us)", "raw(us)",
-                "ratio", "cpu");
-    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s %10s\n", "", "(elements)", "", "",
-                "", "(GB/s)", "(GB/s)", "", "", "", "", "(us/MB)");
+                "ratio", "cpu", "iters");
+    std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s %10s %7s\n", "", "(elements)", "",
+                "", "", "(GB/s)", "(GB/s)", "", "", "", "", "(us/MB)", "");
   }
 
   int64_t total_wrong = 0;
@@ -251,22 +263,49 @@ int run_bench(const BenchConfig& config, int64_t min_bytes, int64_t max_bytes,
     }
     total_wrong += wrong;
 
-    // Timed values grow with every in-place sum; start from small ones so
-    // they stay finite, and time ours and raw MPI in alternating rounds.
+    // Timed values grow with every in-place sum (doubling at 2 ranks, so
+    // long runs reach infinity, which adds as fast); each timing starts
+    // from small ones.
     buffer.fill_(1.0 / 1024);
-    for (int i = 0; i < config.warmup_iters; ++i) comm->allreduce(buffer, op);
-    std::vector<double> ours, ours_async, baseline, cpu;
+    const auto warmup_start = vqa::util::SteadyClock::now();
+    for (int i = 0; i < std::max(config.warmup_iters, 1); ++i) comm->allreduce(buffer, op);
+    const double per_call =
+        comm->max(vqa::util::seconds_since(warmup_start) / std::max(config.warmup_iters, 1));
+    constexpr double kMostIters = 1e6;
+    const int iters =
+        static_cast<int>(std::clamp(std::ceil(config.round_seconds / std::max(per_call, 1e-9)),
+                                    static_cast<double>(config.iters), kMostIters));
+    // A round: ours and raw MPI in kSlices alternating slices of the round's
+    // calls (raw first in every other pair), so a slow spell of a shared
+    // machine that lasts longer than a slice falls on both; the round's ratio
+    // is ours over raw summed over its slices.
+    constexpr int kSlices = 8;
+    const int slice_iters = std::max(1, iters / kSlices);
+    std::vector<double> ours, ours_async, baseline, ratios, cpu;
     for (int round = 0; round < config.rounds; ++round) {
-      buffer.fill_(1.0 / 1024);
-      const double cpu_before = process_cpu_seconds();
-      ours.push_back(comm->sum(time_ours(*comm, buffer, op, config.iters, false)) / n);
-      cpu.push_back(comm->max(process_cpu_seconds() - cpu_before) / config.iters);
-      buffer.fill_(1.0 / 1024);
-      ours_async.push_back(comm->sum(time_ours(*comm, buffer, op, config.iters, true)) / n);
-      if (raw) {
-        buffer.fill_(1.0 / 1024);
-        baseline.push_back(comm->sum(time_raw_mpi(*comm, buffer, config.iters)) / n);
+      double ours_seconds = 0.0, raw_seconds = 0.0, cpu_seconds = 0.0;
+      for (int slice = 0; slice < kSlices; ++slice) {
+        for (int turn = 0; turn < 2; ++turn) {
+          const bool raw_turn = (turn == 0) == (slice % 2 == 1);
+          if (raw_turn && !raw) continue;
+          buffer.fill_(1.0 / 1024);
+          if (raw_turn) {
+            raw_seconds += comm->sum(time_raw_mpi(*comm, buffer, slice_iters)) / n;
+          } else {
+            const double cpu_before = process_cpu_seconds();
+            ours_seconds += comm->sum(time_ours(*comm, buffer, op, slice_iters, false)) / n;
+            cpu_seconds += comm->max(process_cpu_seconds() - cpu_before);
+          }
+        }
       }
+      ours.push_back(ours_seconds / kSlices);
+      cpu.push_back(cpu_seconds / (kSlices * slice_iters));
+      if (raw) {
+        baseline.push_back(raw_seconds / kSlices);
+        ratios.push_back(ours_seconds / raw_seconds);
+      }
+      buffer.fill_(1.0 / 1024);
+      ours_async.push_back(comm->sum(time_ours(*comm, buffer, op, iters, true)) / n);
     }
     const double seconds = median(ours);
     const double actual_bytes = static_cast<double>(count * element_size);
@@ -279,12 +318,13 @@ int run_bench(const BenchConfig& config, int64_t min_bytes, int64_t max_bytes,
                   median(ours_async) * 1e6);
       if (raw) {
         const double raw_seconds = median(baseline);
-        std::printf(" %11.2f %7.3f", raw_seconds * 1e6, seconds / raw_seconds);
+        std::printf(" %11.2f %7.3f", raw_seconds * 1e6, median(ratios));
       } else {
         std::printf(" %11s %7s", "-", "-");
       }
       const double traffic_mb = actual_bytes * 2.0 * (n - 1) / n / 1e6;
-      std::printf(" %10.1f\n", n > 1 ? median(cpu) * 1e6 / traffic_mb : 0.0);
+      std::printf(" %10.1f %7d\n", n > 1 ? median(cpu) * 1e6 / traffic_mb : 0.0,
+                  kSlices * slice_iters);
       std::fflush(stdout);
     }
   }

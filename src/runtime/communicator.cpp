@@ -52,6 +52,10 @@ CudaDeviceChoice cuda_device_choice(int visible, int local_rank, int local_size)
   return choice;
 }
 
+void Communicator::library_allreduce_sum(const torch::Tensor& /*buffer*/) {
+  throw std::logic_error("library_allreduce_sum: only the MPI backend runs the MPI library");
+}
+
 int cuda_device_for(const RankInfo& info) {
   const int visible = cuda_device_count();
   const CudaDeviceChoice choice = cuda_device_choice(visible, info.local_rank, info.local_size);

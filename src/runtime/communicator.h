@@ -128,6 +128,14 @@ class Communicator {
   // larger size probes only the sizes not yet measured.
   virtual std::string tune_allreduce(int64_t bytes) { return ""; }
 
+  // The baseline vqa_allreduce_bench compares with: one blocking
+  // MPI_Allreduce(MPI_SUM) per 2^30 elements, in place on a contiguous
+  // float32 CPU tensor, on this communicator's own MPI communicator (Open
+  // MPI's speed at one size differed by up to 2x between two communicators
+  // of the same ranks, lastingly within a run), without this layer's choice
+  // of algorithm, pieces or tracking. MPI backend only; others throw.
+  virtual void library_allreduce_sum(const torch::Tensor& buffer);
+
   // Root's values replace every other rank's, in place; blocks until done.
   virtual void broadcast(const torch::Tensor& buffer, int root) = 0;
   // Returns once every rank has called it and all collectives launched

@@ -93,15 +93,6 @@ std::vector<std::string> distributed_gather_strings(const std::string& value) {
   return mpi_allgather_strings(MPI_COMM_WORLD, value, /*tracker=*/nullptr);
 }
 
-void distributed_raw_allreduce_sum(float* data, int64_t count) {
-  constexpr int64_t kPiece = int64_t{1} << 30;
-  for (int64_t offset = 0; offset < count; offset += kPiece) {
-    const int piece = static_cast<int>(std::min(kPiece, count - offset));
-    VQA_CHECK_MPI(
-        MPI_Allreduce(MPI_IN_PLACE, data + offset, piece, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
-  }
-}
-
 void distributed_abort(int exit_code) {
   MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);  // MPI_Abort does not return; this satisfies [[noreturn]]

@@ -50,10 +50,6 @@ void distributed_broadcast_bytes(std::vector<char>& bytes, int root);
 // Every rank's string, in rank order (for comparing configs across ranks).
 std::vector<std::string> distributed_gather_strings(const std::string& value);
 
-// Baseline for benchmarks: one blocking MPI_Allreduce(MPI_SUM), in place on
-// a contiguous float32 CPU tensor, on MPI_COMM_WORLD, with no layer around it.
-void distributed_raw_allreduce_sum(float* data, int64_t count);
-
 // Ends every rank now with exit_code (MPI_Abort), from any thread.
 [[noreturn]] void distributed_abort(int exit_code);
 

@@ -40,6 +40,15 @@ void bf16_sum(void* in, void* inout, int* count, MPI_Datatype* /*type*/) {
 // MPI counts are int; larger buffers go in pieces of this many elements.
 constexpr int64_t kMaxElementsPerCall = int64_t{1} << 30;
 
+// The library's allreduce and reduce-scatter + allgather run in pieces of at
+// most this many bytes: Open MPI's allreduce takes a temporary buffer the
+// size of the message, and at 32 MiB and more glibc maps and unmaps it on
+// every call (its largest mmap threshold), which made messages of 32 MiB and
+// more ~10x slower over shared memory (0.25 against 3-4 GB/s bus bandwidth,
+// on the progress thread already from 32 MiB). Pieces of 8 MiB run at the
+// library's full speed.
+constexpr int64_t kLibraryPieceBytes = int64_t{8} << 20;
+
 // Below this the library's allreduce (latency-optimal algorithms) is faster
 // than a ring of 2(n-1) messages.
 constexpr int64_t kRingMinBytes = int64_t{64} << 10;
@@ -138,6 +147,18 @@ class MpiCommunicator final : public Communicator {
     if (algorithm_ == MpiAllreduce::kRing) return tune_ring_segment(bytes);
     if (algorithm_ == MpiAllreduce::kAuto) return tune_by_size(bytes);
     return "";
+  }
+
+  void library_allreduce_sum(const torch::Tensor& buffer) override {
+    VQA_CHECK(buffer.device().is_cpu() && buffer.is_contiguous() &&
+                  buffer.scalar_type() == torch::kFloat32,
+              "library_allreduce_sum needs a contiguous float32 CPU tensor");
+    drain();
+    auto* data = buffer.data_ptr<float>();
+    for (int64_t offset = 0; offset < buffer.numel(); offset += kMaxElementsPerCall) {
+      const int part = static_cast<int>(std::min(kMaxElementsPerCall, buffer.numel() - offset));
+      VQA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data + offset, part, MPI_FLOAT, MPI_SUM, comm_));
+    }
   }
 
   void broadcast(const torch::Tensor& buffer, int root) override {
@@ -297,12 +318,10 @@ class MpiCommunicator final : public Communicator {
     const int64_t element_size = is_bf16 ? 2 : 4;
     const int n = info_.world_size;
     if (method.algorithm == AllreduceAlgorithm::kReduceScatterAllgather) {
-      // In pieces of at most kPieceBytes (over shared memory Open MPI's
-      // messages of 16 MiB and more took a path 10x slower); in each, rank
-      // r's block (the first count % n blocks one larger) is reduced into the
-      // scratch buffer, then every block is gathered back into place.
-      constexpr int64_t kPieceBytes = int64_t{8} << 20;
-      const int64_t piece_elements = std::max<int64_t>(n, kPieceBytes / element_size);
+      // In pieces of at most kLibraryPieceBytes; in each, rank r's block
+      // (the first count % n blocks one larger) is reduced into the scratch
+      // buffer, then every block is gathered back into place.
+      const int64_t piece_elements = std::max<int64_t>(n, kLibraryPieceBytes / element_size);
       std::vector<int> counts(n), offsets(n);
       for (int64_t begin = 0; begin < count; begin += piece_elements) {
         const int64_t piece = std::min(piece_elements, count - begin);
@@ -320,8 +339,9 @@ class MpiCommunicator final : public Communicator {
       }
       return;
     }
-    for (int64_t offset = 0; offset < count; offset += kMaxElementsPerCall) {
-      const int part = static_cast<int>(std::min(kMaxElementsPerCall, count - offset));
+    const int64_t piece_elements = kLibraryPieceBytes / element_size;
+    for (int64_t offset = 0; offset < count; offset += piece_elements) {
+      const int part = static_cast<int>(std::min(piece_elements, count - offset));
       VQA_CHECK_MPI_IN(tracker_.get(), MPI_Allreduce(MPI_IN_PLACE, data + offset * element_size,
                                                      part, type, op, comm_));
     }
@@ -383,10 +403,7 @@ class MpiCommunicator final : public Communicator {
     if (sizes.empty()) return "";
     drain();
     auto buffer = torch::zeros({sizes.back() / 4}, torch::kFloat32);
-    // The library last: measured, as vqa_allreduce_bench measures it, on a
-    // buffer that point-to-point messages have used (over shared memory Open
-    // MPI's allreduce of 32 MiB and more measured 10x slower on a buffer
-    // that had not been sent yet).
+    // The library runs in pieces of kLibraryPieceBytes here as in training.
     const std::vector<AllreduceMethod> candidates = {
         AllreduceMethod{AllreduceAlgorithm::kRing, kRingSegmentLarge},
         AllreduceMethod{AllreduceAlgorithm::kRing, kRingSegmentEager},
@@ -397,14 +414,26 @@ class MpiCommunicator final : public Communicator {
     for (const int64_t size : sizes) {
       const auto view = buffer.narrow(0, 0, size / 4);
       // Small messages are timed over several calls, so a timing is not one
-      // clock tick; each candidate runs 3 rounds, the median counts.
+      // clock tick.
       const int repeats = static_cast<int>(std::clamp<int64_t>((4 << 20) / size, 1, 16));
+      // An untimed call of each first: the first message of a size may set
+      // up connections or fault in the library's temporary buffers. Then 3
+      // rounds, the candidates in a rotating order within each, so a slow
+      // spell of a shared machine falls on all of them alike; the median
+      // round counts.
+      for (const auto& method : candidates) time_method(view, method, 1, 1);
+      constexpr int kRounds = 3;
+      std::vector<std::vector<double>> rounds(candidates.size());
+      for (int round = 0; round < kRounds; ++round) {
+        for (size_t i = 0; i < candidates.size(); ++i) {
+          const size_t c = (i + round) % candidates.size();
+          rounds[c].push_back(time_method(view, candidates[c], 1, repeats));
+        }
+      }
       std::vector<AllreduceTiming> timings;
-      for (const auto& method : candidates) {
-        // An untimed call first: the first message of a size may set up
-        // connections or fault in the library's temporary buffers.
-        time_method(view, method, 1, 1);
-        timings.push_back({method, time_method(view, method, 3, repeats)});
+      for (size_t c = 0; c < candidates.size(); ++c) {
+        std::sort(rounds[c].begin(), rounds[c].end());
+        timings.push_back({candidates[c], rounds[c][kRounds / 2]});
       }
       const AllreduceMethod choice = allreduce_method_fastest(timings);
       choices_.set(size, choice);

@@ -194,14 +194,14 @@ TEST(AllreduceChoice, ProbeSizesMarginAndNearestSize) {
   const AllreduceMethod library{};
   const AllreduceMethod ring_large{AllreduceAlgorithm::kRing, 1 << 20};
   const AllreduceMethod ring_eager{AllreduceAlgorithm::kRing, 60 << 10};
-  // 4% faster is within the margin (kLibraryUnlessFasterBy = 0.95): the library stays.
+  // 14% faster is within the margin (kLibraryUnlessFasterBy = 0.85): the library stays.
   EXPECT_EQ(vqa::runtime::allreduce_method_fastest(
-                {{library, 1.0}, {ring_large, 0.96}, {ring_eager, 0.97}}),
+                {{library, 1.0}, {ring_large, 0.86}, {ring_eager, 0.87}}),
             library);
   EXPECT_EQ(vqa::runtime::allreduce_method_fastest(
                 {{library, 1.0}, {ring_large, 0.90}, {ring_eager, 0.50}}),
             ring_eager);
-  EXPECT_EQ(vqa::runtime::allreduce_method_fastest({{library, 1.0}, {ring_large, 0.94}}),
+  EXPECT_EQ(vqa::runtime::allreduce_method_fastest({{library, 1.0}, {ring_large, 0.84}}),
             ring_large);
 
   vqa::runtime::AllreduceChoiceTable table(64 << 10);
