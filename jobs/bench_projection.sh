@@ -18,6 +18,10 @@
 #   BATCHES="8 32"        samples per rank per step
 #   PRESET=small, STEPS=8 (timed steps per epoch; 2 epochs, the first warm-up),
 #   IMAGE_SIZE=96, MAX_LEN=12, OUT_DIR=runs/projection (projection.txt, projection.csv)
+#   LINK_UNDER_LOAD=auto  measure the link while every host also runs the
+#                         1-rank job (yes | no | auto: yes when RANKS exceeds
+#                         the cores, where two ranks share a core and each
+#                         ring step waits for a core that a rank computes on)
 #
 # The 1-rank run uses --bucket-mb 1, so that its profile records when each MiB
 # of gradients is ready, and runs while hosts 1..RANKS-1 run the same job
@@ -36,6 +40,7 @@ steps=${STEPS:-8}
 image_size=${IMAGE_SIZE:-96}
 max_len=${MAX_LEN:-12}
 out_dir=${OUT_DIR:-runs/projection}
+link_under_load=${LINK_UNDER_LOAD:-auto}
 
 die() {
   echo "bench_projection.sh: $*" >&2
@@ -47,6 +52,11 @@ done
 [[ $(id -u) -eq 0 ]] || die "needs root (network namespaces)"
 for b in "${batches[@]}"; do [[ $b =~ ^[1-9][0-9]*$ ]] || die "BATCHES must be positive integers"; done
 [[ $ranks =~ ^[2-9]$|^1[0-6]$ ]] || die "RANKS must be 2 to 16, got '$ranks'"
+case $link_under_load in
+  yes | no) ;;
+  auto) link_under_load=$( ((ranks > $(nproc))) && echo yes || echo no) ;;
+  *) die "LINK_UNDER_LOAD must be yes, no or auto, got '$link_under_load'" ;;
+esac
 
 mkdir -p "$out_dir"
 work=$(mktemp -d "${TMPDIR:-/tmp}/vqa-projection-XXXXXX")
@@ -64,13 +74,20 @@ max_batch=$(printf '%s\n' "${batches[@]}" | sort -n | tail -n 1)
 "$build/vqa_prep" synth -o "$work/synth.h5" --image-size "$image_size" --max-len "$max_len" \
   --train-questions $((max_batch * ranks * steps * 2)) --test-questions 16 >/dev/null
 
+# train_args NAME RANKS BATCH EPOCHS: vqa_train's command line, into the array args
+train_args() {
+  local name=$1 ranks=$2 batch=$3 epochs=$4
+  args=("$build/vqa_train" --train-data "$work/synth.h5" --out "$work/$name" --preset "$preset"
+    --threads 1 --batch-per-rank "$batch" --global-batch $((batch * ranks)) --epochs "$epochs"
+    --max-steps-per-epoch "$steps" --eval-every 0 --save-every 0 --progress off)
+}
+
 # train NAME RANKS BATCH [flags...]: the last epoch's samples/s
 train() {
   local name=$1 ranks=$2 batch=$3
   shift 3
-  local args=("$build/vqa_train" --train-data "$work/synth.h5" --out "$work/$name" --preset "$preset"
-    --threads 1 --batch-per-rank "$batch" --global-batch $((batch * ranks)) --epochs 2
-    --max-steps-per-epoch "$steps" --eval-every 0 --save-every 0 --progress off)
+  local args
+  train_args "$name" "$ranks" "$batch" 2
   if ((ranks == 1)); then
     # The emulated hosts share one machine (cores, caches, memory
     # bandwidth): the profile is taken while every other host runs the same
@@ -98,12 +115,29 @@ train() {
     "$work/$name/metrics.jsonl"
 }
 
-# link_fabric: "BUSGBPS:LATENCYUS:CPUUS_PER_MB" of the link as it is shaped now
-# (the CPU column: what each MB sent and received costs the rank's core).
+# link_fabric BATCH [flags...]: "BUSGBPS:LATENCYUS:CPUUS_PER_MB" of the link as
+# it is shaped now (the CPU column: what each MB sent and received costs the
+# rank's core); with LINK_UNDER_LOAD, measured while every host also runs
+# the 1-rank job of BATCH, so the ranks' cores compute as in training.
 link_fabric() {
-  local table
+  local batch=$1 table host loads=() args
+  shift
+  if [[ $link_under_load == yes ]]; then
+    for ((host = 0; host < ranks; host++)); do
+      train_args "load$host" 1 "$batch" 1000
+      setsid bash jobs/emulated_hosts.sh exec "$hosts" "$host" mpirun --allow-run-as-root -np 1 \
+        --bind-to none -x OMP_NUM_THREADS=1 "${args[@]}" "$@" >"$work/load$host.log" 2>&1 &
+      loads+=($!)
+    done
+    sleep 15 # past start-up: every host computes
+  fi
   table=$(bash jobs/emulated_hosts.sh mpirun "$hosts" "$build/vqa_allreduce_bench" -b 4 -e 4M -f 1024 \
     -n 5 -r 3 -w 2 --raw false 2>&1) || { echo "$table" >&2; die "vqa_allreduce_bench failed"; }
+  for host in "${!loads[@]}"; do
+    kill -KILL -- "-${loads[$host]}" 2>/dev/null || true
+    wait "${loads[$host]}" 2>/dev/null || true
+    rm -rf "$work/load$host"
+  done
   # rows: size count type redop time(us) algbw busbw ...; a 4-byte allreduce
   # takes one message round at 2 ranks, log2(ranks) rounds beyond (recursive
   # doubling); the projection counts its latency per round.
@@ -115,7 +149,7 @@ link_fabric() {
 echo "batch,rate,fabric,predicted,measured,error_percent" >"$out_dir/projection.csv"
 {
   echo "# projection check: preset $preset, $ranks emulated hosts ($(nproc) cores), 1 thread per rank, $steps timed steps;"
-  echo "# predicted = vqa_project from the 1-rank profile and the link's measured bus bandwidth and latency"
+  echo "# predicted = vqa_project from the 1-rank profile and the link's measured bus bandwidth and latency (measured under load: $link_under_load)"
   printf '%6s %9s %22s %11s %10s %8s\n' batch rate fabric predicted measured error
 } | tee "$out_dir/projection.txt"
 for batch in "${batches[@]}"; do
@@ -123,7 +157,7 @@ for batch in "${batches[@]}"; do
   one=$(train "one-$batch" 1 "$batch" --bucket-mb 1 "$@")
   for rate in "${rates[@]}"; do
     bash jobs/emulated_hosts.sh shape "$hosts" --rate "$rate"
-    fabric=$(link_fabric)
+    fabric=$(link_fabric "$batch" "$@")
     predicted=$("$build/vqa_project" "$work/one-$batch/diagnosis.json" --fabric "$fabric" \
       --max-ranks "$ranks" --json | python3 -c 'import json, sys
 rows = [r for r in json.load(sys.stdin)["rows"] if r["ranks"] == int(sys.argv[1])]
