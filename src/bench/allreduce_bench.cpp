@@ -141,7 +141,9 @@ int main(int argc, char** argv) {
       .add("maxbytes,e", &config.max_bytes, "largest message, bytes per rank (suffixes K, M, G)")
       .add("stepfactor,f", &config.step_factor,
            "multiply the size by this factor from one row to the next", vqa::util::Range{2, 1024})
-      .add("warmup_iters,w", &config.warmup_iters, "untimed allreduces before each size",
+      .add("warmup_iters,w", &config.warmup_iters,
+           "untimed allreduces before each size (at least 1: it gives the time per call "
+           "that --round-seconds needs)",
            vqa::util::Range{0, 1e6})
       .add("iters,n", &config.iters, "timed allreduces per round", vqa::util::Range{1, 1e6})
       .add("round-seconds", &config.round_seconds,
@@ -235,11 +237,9 @@ int run_bench(const BenchConfig& config, int64_t min_bytes, int64_t max_bytes,
     std::printf(
         "# time = blocking allreduce; async = allreduce_async + wait (progress thread);\n"
         "# busbw = algbw * 2(n-1)/n; raw = MPI_Allreduce on the same buffer and MPI communicator; "
-        "ratio = median over rounds of time / raw in the round (8 alternating slices each);\n# cpu "
-        "= this "
-        "process's CPU time (all threads, user + system) per MB "
-        "sent and received, 2(n-1)/n of the size (the busiest rank's); iters = timed calls per "
-        "round\n");
+        "ratio = median over rounds of time / raw in the round (8 alternating slices each);\n"
+        "# cpu = this process's CPU time (all threads, user + system) per MB sent and received, "
+        "2(n-1)/n of the size (the busiest rank's); iters = timed calls per round\n");
     if (!tuning.empty()) std::printf("# %s\n", tuning.c_str());
     std::printf("%12s %12s %6s %5s %11s %9s %9s %7s %11s %11s %7s %10s %7s\n", "size(B)", "count",
                 "type", "redop", "time(us)", "algbw", "busbw", "#wrong", "async(us)", "raw(us)",
