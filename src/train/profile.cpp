@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "util/durable_file.h"  // write_file_atomically
+#include "util/format.h"        // format
 
 namespace vqa::train {
 
@@ -101,11 +102,7 @@ std::vector<ProfileSummary::Entry> top_entries(std::map<std::string, ProfileSumm
   return entries;
 }
 
-std::string format(const char* pattern, double a, double b = 0.0, double c = 0.0) {
-  char text[256];
-  std::snprintf(text, sizeof(text), pattern, a, b, c);
-  return text;
-}
+using util::format;
 
 }  // namespace
 

@@ -8,16 +8,13 @@
 
 #include "runtime/check.h"     // VQA_CHECK
 #include "train/comm_setup.h"  // allreduce_bus_gbps
+#include "util/format.h"       // format
 
 namespace vqa::train {
 
 namespace {
 
-std::string format(const char* pattern, double a, double b = 0, double c = 0, double d = 0) {
-  char text[512];
-  std::snprintf(text, sizeof(text), pattern, a, b, c, d);
-  return text;
-}
+using util::format;
 
 // "1.25 GiB", "214.3 MiB", "1.1 MiB".
 std::string bytes_text(int64_t bytes) {
