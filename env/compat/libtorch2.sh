@@ -229,19 +229,27 @@ inside_cuda_build() {
   build cuda "${targets[@]}"
 
   # The CUDA code paths were compiled: VQA_TORCH_HAS_CUDA on both files, the
-  # CUDA LibTorch's headers, and the objects call getCurrentCUDAStream.
-  local file line object commands
+  # CUDA LibTorch's headers, and the objects call getCurrentCUDAStream. A
+  # file's object is the unity batch that includes it (VQA_UNITY_BUILD, the
+  # default), or its own.
+  local file unit line object commands objects=/build/cuda/src/runtime/CMakeFiles/vqa_runtime.dir
   commands=$(ninja -C /build/cuda -t commands)
   for file in nccl_communicator stream_clock; do
-    line=$(grep "runtime/$file.cpp" <<<"$commands")
+    unit=$(grep -l "/src/runtime/$file.cpp\"" "$objects"/Unity/*.cxx 2>/dev/null | head -n 1 || true)
+    if [[ -n $unit ]]; then
+      object=$unit.o
+    else
+      unit=runtime/$file.cpp object=$objects/$file.cpp.o
+    fi
+    line=$(grep -F -- "$unit" <<<"$commands" | head -n 1 || true)
+    [[ -n $line ]] || { log "  $file.cpp: no compile command for $unit"; return 1; }
     grep -q -- '-DVQA_TORCH_HAS_CUDA=1' <<<"$line" ||
       { log "  $file.cpp: not compiled with VQA_TORCH_HAS_CUDA"; return 1; }
     grep -q -- "$lt_cuda/include" <<<"$line" ||
       { log "  $file.cpp: not compiled against $lt_cuda/include"; return 1; }
-    object=/build/cuda/src/runtime/CMakeFiles/vqa_runtime.dir/$file.cpp.o
     # (grep without -q: it reads all of nm's output, so pipefail sees no SIGPIPE)
     nm -C --undefined-only "$object" | grep 'c10::cuda::getCurrentCUDAStream' >/dev/null ||
-      { log "  $file.cpp.o does not call c10::cuda::getCurrentCUDAStream"; return 1; }
+      { log "  $file.cpp (${object##*/}) does not call c10::cuda::getCurrentCUDAStream"; return 1; }
   done
   log "  nccl_communicator.cpp, stream_clock.cpp: compiled with VQA_TORCH_HAS_CUDA, call c10::cuda::getCurrentCUDAStream"
 
