@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <mutex>
@@ -40,13 +41,12 @@ void bf16_sum(void* in, void* inout, int* count, MPI_Datatype* /*type*/) {
 // MPI counts are int; larger buffers go in pieces of this many elements.
 constexpr int64_t kMaxElementsPerCall = int64_t{1} << 30;
 
-// The library's allreduce and reduce-scatter + allgather run in pieces of at
-// most this many bytes: Open MPI's allreduce takes a temporary buffer the
-// size of the message, and at 32 MiB and more glibc maps and unmaps it on
-// every call (its largest mmap threshold), which made messages of 32 MiB and
-// more ~10x slower over shared memory (0.25 against 3-4 GB/s bus bandwidth,
-// on the progress thread already from 32 MiB). Pieces of 8 MiB run at the
-// library's full speed.
+// The library's allreduce, reduce-scatter + allgather and ZeRO-1's
+// reduce-scatter run in pieces of at most this many bytes: Open MPI's
+// allreduce and reduce-scatter take a temporary buffer the size of the message, and at 32 MiB and
+// more glibc maps and unmaps it on every call (its largest mmap threshold), which made messages of
+// 32 MiB and more ~10x slower over shared memory (0.25 against 3-4 GB/s bus bandwidth, on the
+// progress thread already from 32 MiB). Pieces of 8 MiB run at the library's full speed.
 constexpr int64_t kLibraryPieceBytes = int64_t{8} << 20;
 
 // Below this the library's allreduce (latency-optimal algorithms) is faster
@@ -267,14 +267,7 @@ class MpiCommunicator final : public Communicator {
     const int64_t sequence = tracker_->begin(pending.kind, bytes);
     switch (pending.kind) {
       case CollectiveKind::kReduceScatter:
-        // Rank r's block of the sum lands in the scratch buffer, then in
-        // place (MPI_IN_PLACE would put it at the buffer's start).
-        ring_scratch_.resize(static_cast<size_t>(block * element_size));
-        VQA_CHECK_MPI_IN(tracker_.get(),
-                         MPI_Reduce_scatter_block(data, ring_scratch_.data(), block, type,
-                                                  is_bf16 ? bf16_sum_op_ : MPI_SUM, comm_));
-        std::copy(ring_scratch_.begin(), ring_scratch_.end(),
-                  data + int64_t{block} * info_.rank * element_size);
+        reduce_scatter_in_place(data, block, element_size, type, is_bf16 ? bf16_sum_op_ : MPI_SUM);
         break;
       case CollectiveKind::kAllgather:
         VQA_CHECK_MPI_IN(tracker_.get(), MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data,
@@ -292,6 +285,39 @@ class MpiCommunicator final : public Communicator {
     }
     if (pending.work)
       pending.work->set_times(began, util::steady_seconds());  // null: blocking call
+  }
+
+  // Rank r's block of the sum, into place, in pieces of at most
+  // kLibraryPieceBytes (Open MPI's reduce-scatter takes a temporary buffer
+  // the size of the whole message too): piece p of every block, packed side
+  // by side, is reduce-scattered into the scratch buffer, then copied into
+  // rank r's block (MPI_IN_PLACE would put it at the buffer's start). A
+  // bucket of at most kLibraryPieceBytes goes in one call, unpacked.
+  // (The allgather stays one call: in place, it takes no temporary buffer.)
+  void reduce_scatter_in_place(char* data, int64_t block, int64_t element_size, MPI_Datatype type,
+                               MPI_Op op) {
+    const int n = info_.world_size;
+    const int64_t piece = std::max<int64_t>(1, kLibraryPieceBytes / (element_size * n));
+    char* own = data + block * info_.rank * element_size;
+    for (int64_t begin = 0; begin < block; begin += piece) {
+      const int64_t length = std::min(piece, block - begin);
+      const int64_t piece_bytes = length * element_size;
+      const char* send = data;
+      if (length < block) {
+        library_pack_.resize(static_cast<size_t>(piece_bytes * n));
+        for (int r = 0; r < n; ++r) {
+          std::memcpy(library_pack_.data() + r * piece_bytes,
+                      data + (r * block + begin) * element_size, static_cast<size_t>(piece_bytes));
+        }
+        send = library_pack_.data();
+      }
+      ring_scratch_.resize(static_cast<size_t>(piece_bytes));
+      VQA_CHECK_MPI_IN(tracker_.get(),
+                       MPI_Reduce_scatter_block(send, ring_scratch_.data(),
+                                                static_cast<int>(length), type, op, comm_));
+      std::memcpy(own + begin * element_size, ring_scratch_.data(),
+                  static_cast<size_t>(piece_bytes));
+    }
   }
 
   AllreduceMethod method_for(int64_t bytes) const {
@@ -454,6 +480,7 @@ class MpiCommunicator final : public Communicator {
   // The ring's receive buffer and reduce-scatter's block, reused (progress
   // thread or drained caller).
   std::vector<char> ring_scratch_;
+  std::vector<char> library_pack_;  // reduce_scatter_in_place's pieces, side by side
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Op bf16_sum_op_ = MPI_OP_NULL;
   std::unique_ptr<CollectiveTracker> tracker_;

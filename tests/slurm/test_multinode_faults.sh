@@ -8,7 +8,15 @@
 #      checkpoint, Slurm requeues the job, the next start resumes inside
 #      epoch 0 and completes; the final metrics equal an uninterrupted
 #      2-rank run's in every non-timing field (tolerance 0);
-#   2. a lost node: mid-epoch 1 (after epoch 0's checkpoint), every process
+#   2. the time-limit warning under the other launcher: SIGUSR1 to the
+#      batch shell mid-epoch 0 (what #SBATCH --signal=B:USR1@T sends before
+#      the time limit; the sbatch scripts ask for it), launcher mpirun
+#      (Open MPI's daemons started through Slurm on both nodes). The script
+#      passes SIGUSR1 to mpirun, which passes it to both ranks; they stop at
+#      the same step, rank 0 writes one stop checkpoint, mpirun exits 75,
+#      the script requeues the job, and the next start resumes and ends
+#      with the uninterrupted run's metrics (tolerance 0);
+#   3. a lost node: mid-epoch 1 (after epoch 0's checkpoint), every process
 #      on host 1 is killed (its slurmd, slurmstepd and rank 1). The
 #      surviving rank ends within 60 s (--comm-timeout 30: its collective
 #      watchdog) with a line naming rank 1 and its host; the job's exit code
@@ -25,7 +33,7 @@
 # A rank whose peer's host is gone may write into the reset connection;
 # vqa_train ignores SIGPIPE (runtime/system_info.h), so the write fails and
 # the watchdog names the rank instead of the signal ending it unnamed (which
-# happened in some runs before). About 2 minutes.
+# happened in some runs before). About 3 minutes.
 #
 # Needs root and network namespaces; exits 77 (CTest: skipped) otherwise.
 set -euo pipefail
@@ -62,10 +70,10 @@ jobs/launch_local.sh --ranks 2 --threads 1 "$build/vqa_train" --config "$config"
   --out "$work/reference" >"$work/reference.log" 2>&1 ||
   { tail -n 30 "$work/reference.log"; fail "the reference run failed"; }
 
-submit() { # RUN_DIR: prints the job id
+submit() { # RUN_DIR [LAUNCHER]: prints the job id (launcher srun --mpi=pmix unless named)
   sbatch --parsable --output="$work/job-%j.out" --nodes=2 --ntasks-per-node=1 \
     --cpus-per-task=1 --gpus-per-node=0 --time=30 \
-    --export="ALL,VQA_LAUNCHER=srun,VQA_SRUN_MPI=pmix,VQA_BUILD=$build,VQA_RUN_DIR=$1" \
+    --export="ALL,VQA_LAUNCHER=${2:-srun},VQA_SRUN_MPI=pmix,VQA_BUILD=$build,VQA_RUN_DIR=$1" \
     jobs/slurm/train_multinode.sbatch "$config" "${train_args[@]}"
 }
 
@@ -77,6 +85,46 @@ wait_for_line() { # FILE PATTERN TIMEOUT
   done
 }
 
+# wait_requeued: job $job back in the queue (one restart) within 60 s of
+# the signal at $signalled; sets requeued.
+wait_requeued() {
+  until [[ $(slurm_job_field "$job" Restarts) == 1 && $(slurm_job_field "$job" JobState) == PENDING ]]; do
+    ((SECONDS - signalled < 60)) || fail "job $job was not back in the queue within 60 s"
+    sleep 0.2
+  done
+  requeued=$SECONDS
+  echo "job $job requeued, pending $((requeued - signalled)) s after the signal"
+  cat "$output"
+}
+
+# check_one_stop_checkpoint: rank 0 wrote exactly one stop checkpoint in epoch 0.
+check_one_stop_checkpoint() {
+  local stops=("$run_dir"/checkpoints/epoch-0000-step-*.pt)
+  if ((${#stops[@]} != 1)) || [[ ! -f ${stops[0]} ]]; then
+    fail "expected one stop checkpoint, found: ${stops[*]}"
+  fi
+  echo "stop checkpoint: ${stops[0]##*/} ($(stat -c %s "${stops[0]}") bytes)"
+}
+
+# resume_and_compare: starts the requeued job $job and checks that it resumed
+# inside epoch 0 and ended with the uninterrupted run's metrics.
+resume_and_compare() {
+  # Started before its old credential has expired (cred_expire=10), the job
+  # is killed ("Job credential revoked"); a requeued job's begin time lies
+  # minutes ahead: bring it forward as an operator would.
+  while ((SECONDS - requeued < 13)); do sleep 0.5; done
+  scontrol update JobId="$job" StartTime=now
+  state=$(slurm_wait_job "$job" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY' 150) ||
+    fail "the requeued job $job did not finish"
+  echo "job $job: $state, restarts $(slurm_job_field "$job" Restarts), nodes $(slurm_job_field "$job" NodeList)"
+  [[ $state == COMPLETED ]] || fail "the requeued job $job ended $state"
+  grep -q "SLURM_RESTART_COUNT=1" "$output" || fail "the second start did not see SLURM_RESTART_COUNT=1"
+  grep -q "resumed from .* at epoch 0 (after" "$output" ||
+    fail "vqa_train did not report resuming inside epoch 0"
+  python3 "$source_dir/tests/slurm/compare_metrics.py" "$work/reference/metrics.jsonl" \
+    "$run_dir/metrics.jsonl" || fail "the requeued run differs from the uninterrupted one"
+}
+
 # ---- 1. preemption: scontrol requeue -------------------------------------
 stage "preemption: scontrol requeue mid-epoch 0"
 run_dir=$work/run-requeue
@@ -85,40 +133,34 @@ output=$work/job-$job.out
 wait_for_line "$output" "epoch 0 step 1/" 90
 scontrol requeue "$job"
 signalled=$SECONDS
-until [[ $(slurm_job_field "$job" Restarts) == 1 && $(slurm_job_field "$job" JobState) == PENDING ]]; do
-  ((SECONDS - signalled < 60)) || fail "job $job was not back in the queue within 60 s"
-  sleep 0.2
-done
-requeued=$SECONDS
-echo "job $job requeued, pending $((requeued - signalled)) s after scontrol requeue"
-cat "$output"
+wait_requeued
 grep -q "stopped by SIGTERM" "$output" "$run_dir/train.log" ||
   fail "no 'stopped by SIGTERM' line: the ranks did not stop on Slurm's signal"
 for node in "$name-h0" "$name-h1"; do
   grep -q "$node: task [01]: Exited with exit code 75" "$output" ||
     fail "srun reports no exit 75 (stopped with a checkpoint) for the rank on $node"
 done
-stops=("$run_dir"/checkpoints/epoch-0000-step-*.pt)
-if ((${#stops[@]} != 1)) || [[ ! -f ${stops[0]} ]]; then
-  fail "expected one stop checkpoint, found: ${stops[*]}"
-fi
-echo "stop checkpoint: ${stops[0]##*/} ($(stat -c %s "${stops[0]}") bytes)"
-# Started before its old credential has expired (cred_expire=10), the job is
-# killed ("Job credential revoked"); a requeued job's begin time lies minutes
-# ahead: bring it forward as an operator would.
-while ((SECONDS - requeued < 13)); do sleep 0.5; done
-scontrol update JobId="$job" StartTime=now
-state=$(slurm_wait_job "$job" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY' 150) ||
-  fail "the requeued job $job did not finish"
-echo "job $job: $state, restarts $(slurm_job_field "$job" Restarts), nodes $(slurm_job_field "$job" NodeList)"
-[[ $state == COMPLETED ]] || fail "the requeued job $job ended $state"
-grep -q "SLURM_RESTART_COUNT=1" "$output" || fail "the second start did not see SLURM_RESTART_COUNT=1"
-grep -q "resumed from .* at epoch 0 (after" "$output" ||
-  fail "vqa_train did not report resuming inside epoch 0"
-python3 "$source_dir/tests/slurm/compare_metrics.py" "$work/reference/metrics.jsonl" \
-  "$run_dir/metrics.jsonl" || fail "the requeued run differs from the uninterrupted one"
+check_one_stop_checkpoint
+resume_and_compare
 
-# ---- 2. a lost node ---------------------------------------------------------
+# ---- 2. the time-limit warning, launcher mpirun ---------------------------
+stage "time-limit warning: SIGUSR1 to the batch shell mid-epoch 0, launcher mpirun"
+run_dir=$work/run-usr1
+job=$(submit "$run_dir" mpirun)
+output=$work/job-$job.out
+wait_for_line "$output" "epoch 0 step 1/" 90
+scancel --batch --signal=USR1 "$job"
+signalled=$SECONDS
+wait_requeued
+grep -q "launcher mpirun: mpirun " "$output" || fail "job $job did not launch with mpirun"
+grep -q "stopped by SIGUSR1" "$output" "$run_dir/train.log" ||
+  fail "no 'stopped by SIGUSR1' line: the ranks did not stop on the time-limit warning"
+grep -q "ranks by host: $name-h0 0; $name-h1 1" "$run_dir/train.log" ||
+  fail "the ranks did not run one on each host"
+check_one_stop_checkpoint
+resume_and_compare
+
+# ---- 3. a lost node ---------------------------------------------------------
 stage "lost node: every process on host 1 killed mid-epoch 1"
 run_dir=$work/run-lost
 job=$(submit "$run_dir")
@@ -165,5 +207,6 @@ grep -q "resumed from .*${latest##*/}" "$output" ||
 python3 "$source_dir/tests/slurm/compare_metrics.py" "$work/reference/metrics.jsonl" \
   "$run_dir/metrics.jsonl" || fail "the resumed run differs from the uninterrupted one"
 
-stage "PASS: requeue across nodes resumed and matched; the lost node ended the job" \
+stage "PASS: requeue (srun) and the time-limit warning (mpirun) across nodes resumed and" \
+  "matched; the lost node ended the job" \
   "within $ended s naming rank 1 ($name-h1); the resubmission resumed and matched"
