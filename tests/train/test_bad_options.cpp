@@ -224,12 +224,22 @@ TEST(BadOptions, EveryWrongValueEndsEveryRankWithExit2AndOneLineNamingIt) {
   const auto table = cases();
   // Three command lines at a time: part of each one's 2.5 s is mpirun
   // starting and tearing down (the rest, loading LibTorch, takes the cores).
+  // Each of the three has its own Open MPI session folder: Open MPI 4.1
+  // removes the shared top folder (ompi.HOST.UID) when its last job ends,
+  // and a job starting at that moment fails ("A call to mkdir was unable to
+  // create the desired directory ... File exists", exit 1), as one CI run did.
   constexpr size_t kParallel = 3;
+  std::vector<std::string> session_bases;
+  for (size_t slot = 0; slot < kParallel; ++slot) {
+    session_bases.push_back(directory() + "/ompi-session-" + std::to_string(slot));
+    fs::create_directories(session_bases.back());
+  }
   std::vector<vqa::testing::ProcessResult> results(table.size());
   for (size_t first = 0; first < table.size(); first += kParallel) {
     std::vector<std::future<vqa::testing::ProcessResult>> running;
     for (size_t i = first; i < std::min(table.size(), first + kParallel); ++i) {
       const std::string command =
+          "OMPI_MCA_orte_tmpdir_base=" + session_bases[i - first] + " " +
           (table[i].mpirun ? vqa::testing::mpirun_prefix(2) : std::string()) + table[i].program +
           " " + table[i].bad;
       running.push_back(
