@@ -59,7 +59,26 @@ slurm_test_end() {
   ((status == 0)) || slurm_cluster_dump_logs
   slurm_cluster_stop
   rm -rf "$work"
+  slurm_test_repeat_failure
   exit "$status"
+}
+
+# slurm_test_fail MESSAGE...: ends a test with exit 1: the message, then the
+# job's output ($output, where set) without the resolved configuration's
+# "name = value" lines. The EXIT trap prints the message once more after
+# the daemons' logs, so that the last lines of a long failure say what failed.
+slurm_test_fail() {
+  slurm_test_failure="FAIL: $*"
+  echo "$slurm_test_failure" >&2
+  if [[ -n ${output:-} && -f $output ]]; then
+    echo "---- job output ($output, without its resolved configuration)" >&2
+    grep -v -E '^[a-z0-9-]+ = ' "$output" >&2 || true
+  fi
+  exit 1
+}
+
+slurm_test_repeat_failure() {
+  [[ -z ${slurm_test_failure:-} ]] || echo "$slurm_test_failure (see above)" >&2
 }
 
 # slurm_free_port START: the first port from START on that nothing listens on.
@@ -263,4 +282,26 @@ slurm_wait_job() {
     "after $timeout s (waiting for $pattern)" >&2
   sinfo -N -o '%N %T %C' >&2 || true
   return 1
+}
+
+# slurm_start_requeued JOB SINCE: starts the requeued JOB without waiting for
+# the scheduler. Slurm sets a requeued job's begin time cred_expire + 1 s
+# (11 s with the tests' cred_expire=10) past the requeue, so that the next
+# start cannot meet the old, revoked credential ("Job credential revoked");
+# its main scheduler may then take up to a minute to start it. This waits
+# until 13 s after SINCE (the test's $SECONDS when it saw the requeue) and
+# brings the start forward as an operator would. The scheduler may have
+# started the job in the meantime: then the update fails, and there is
+# nothing to bring forward (a test ended here once when it took that failure
+# for its own).
+slurm_start_requeued() {
+  local job=$1 since=$2 state
+  while ((SECONDS - since < 13)); do sleep 0.5; done
+  scontrol update JobId="$job" StartTime=now 2>/dev/null && return 0
+  state=$(slurm_job_field "$job" JobState)
+  if [[ $state == PENDING ]]; then
+    slurm_cluster_log "scontrol update JobId=$job StartTime=now failed with the job still pending" >&2
+    return 1
+  fi
+  slurm_cluster_log "job $job was already $state: the scheduler started it at its begin time"
 }

@@ -92,6 +92,7 @@ slurm_multinode_test_end() {
   ((status == 0)) || slurm_cluster_dump_logs
   slurm_multinode_stop
   rm -rf "$work"
+  slurm_test_repeat_failure
   exit "$status"
 }
 

@@ -30,10 +30,7 @@ build=$(cd "$2" && pwd)
 source "$source_dir/tests/slurm/slurm_multinode_cluster.sh"
 
 slurm_multinode_test_begin multinode
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+fail() { slurm_test_fail "$@"; }
 started=$SECONDS
 stage() { echo "---- [$((SECONDS - started)) s] $*"; }
 

@@ -43,11 +43,7 @@ build=$(cd "$2" && pwd)
 source "$source_dir/tests/slurm/slurm_multinode_cluster.sh"
 
 slurm_multinode_test_begin faults
-fail() {
-  echo "FAIL: $*" >&2
-  [[ -n ${output:-} && -f $output ]] && { echo "---- job output" >&2; cat "$output" >&2; }
-  exit 1
-}
+fail() { slurm_test_fail "$@"; }
 started=$SECONDS
 stage() { echo "---- [$((SECONDS - started)) s] $*"; }
 
@@ -109,11 +105,7 @@ check_one_stop_checkpoint() {
 # resume_and_compare: starts the requeued job $job and checks that it resumed
 # inside epoch 0 and ended with the uninterrupted run's metrics.
 resume_and_compare() {
-  # Started before its old credential has expired (cred_expire=10), the job
-  # is killed ("Job credential revoked"); a requeued job's begin time lies
-  # minutes ahead: bring it forward as an operator would.
-  while ((SECONDS - requeued < 13)); do sleep 0.5; done
-  scontrol update JobId="$job" StartTime=now
+  slurm_start_requeued "$job" "$requeued" || fail "could not start the requeued job $job"
   state=$(slurm_wait_job "$job" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY' 150) ||
     fail "the requeued job $job did not finish"
   echo "job $job: $state, restarts $(slurm_job_field "$job" Restarts), nodes $(slurm_job_field "$job" NodeList)"

@@ -23,11 +23,7 @@ launcher=${3:-mpirun}
 source "$source_dir/tests/slurm/slurm_cluster.sh"
 
 slurm_test_begin preempt
-fail() {
-  echo "FAIL: $*" >&2
-  [[ -n ${output:-} && -f $output ]] && { echo "---- job output" >&2; cat "$output" >&2; }
-  exit 1
-}
+fail() { slurm_test_fail "$@"; }
 
 slurm_cluster_start "$work/slurm"
 # 8 optimiser steps per epoch (512 questions, global batch 64), 2 epochs.
@@ -88,14 +84,7 @@ echo "checkpoint after the stop: $checkpoint"
 epochs_before=$(grep -c . "$run_dir/metrics.jsonl" 2>/dev/null || true)
 ((${epochs_before:-0} == 0)) || fail "the job had finished an epoch before it stopped"
 
-# A requeued job may start once its credential has expired (cred_expire=10
-# in the test's slurm.conf) and its begin time has come; the begin time of a
-# requeued job lies some minutes ahead, so bring it forward as an operator
-# would (scontrol update ... StartTime=now).
-# Started before its old credential has expired, the job is killed ("Job
-# credential revoked"): wait out cred_expire (10 s) plus a margin first.
-while ((SECONDS - requeued < 13)); do sleep 0.5; done
-scontrol update JobId="$job" StartTime=now
+slurm_start_requeued "$job" "$requeued" || fail "could not start the requeued job $job"
 state=$(slurm_wait_job "$job" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY' 150) ||
   fail "the requeued job $job did not finish"
 restarts=$(slurm_job_field "$job" Restarts)
