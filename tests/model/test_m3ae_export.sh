@@ -10,7 +10,10 @@
 #      ranks (weights away from the import), exported at the end of training;
 #      --eval-only from its checkpoint exports the same bytes; the same state
 #      with q and k of one CLIP block swapped must fail the comparison;
-#   2. the full base size, the import exported as is, one batch of 4 questions;
+#   2. the full base size, one batch of 4 questions: first M3AE's forward
+#      parity at that size (the logits of vqa_train --init-from against the
+#      reference's own, as test_m3ae_parity.sh checks the small model), then
+#      the import exported as is and round-tripped;
 #   3. refusals, exit 2 with a message: a directory that does not exist, a
 #      name that is not .safetensors.
 #
@@ -104,11 +107,15 @@ fi
 "$build_dir/vqa_prep" synth --train-questions 8 --test-questions 4 --questions-per-image 2 \
   --image-size 384 -o "$work/base.h5" >/dev/null
 "$python" "$reference" --dataset "$work/base.h5" --checkpoint "$work/base.ckpt" \
-  --logits "$work/base-pretrained.json" >/dev/null
+  --logits "$work/base-pretrained.json" >"$work/base-reference.log"
+cat "$work/base-reference.log"
 "$python" "$convert" "$work/base.ckpt" -o "$work/base.safetensors" >/dev/null
 rm -f "$work/base.ckpt"
 if eval_only base 1 "$work/base.h5" "$work/base.safetensors" --preset base \
   --export-m3ae "$work/base-export.safetensors"; then
+  grep "^init-from .*: loaded" "$work/base.log"
+  "$python" "$compare" logits "$work/base-pretrained.json" "$work/base.jsonl" "$tolerance" ||
+    fail "base model: vqa_train's logits differ from the reference's (forward parity)"
   grep "under M3AE.s names" "$work/base.log"
   "$python" "$back" "$work/base-export.safetensors" --clip-text-from "$work/base.safetensors" \
     -o "$work/base-export.ckpt"
