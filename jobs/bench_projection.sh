@@ -4,7 +4,8 @@
 # host): for each per-rank batch, one 1-rank run gives the step profile; for
 # each link rate the link is measured (vqa_allreduce_bench across the hosts:
 # bus bandwidth at 4 MiB, latency of one message round, CPU time per MB
-# moved), vqa_project predicts the RANKS-rank samples/s from the profile and
+# moved; with ranks sharing cores, also the bus bandwidth while the cores
+# compute), vqa_project predicts the RANKS-rank samples/s from the profile and
 # those numbers alone, and a RANKS-rank run measures it. Prints predicted,
 # measured and the error.
 #
@@ -18,10 +19,11 @@
 #   BATCHES="8 32"        samples per rank per step
 #   PRESET=small, STEPS=8 (timed steps per epoch; 2 epochs, the first warm-up),
 #   IMAGE_SIZE=96, MAX_LEN=12, OUT_DIR=runs/projection (projection.txt, projection.csv)
-#   LINK_UNDER_LOAD=auto  measure the link while every host also runs the
-#                         1-rank job (yes | no | auto: yes when RANKS exceeds
-#                         the cores, where two ranks share a core and each
-#                         ring step waits for a core that a rank computes on)
+#   LINK_UNDER_LOAD=auto  also measure the link while every host runs the
+#                         1-rank job: its bus bandwidth during backward (yes |
+#                         no | auto: yes when RANKS exceeds the cores, where
+#                         two ranks share a core and each ring step waits for
+#                         a core that a rank computes on)
 #
 # The 1-rank run uses --bucket-mb 1, so that its profile records when each MiB
 # of gradients is ready, and runs while hosts 1..RANKS-1 run the same job
@@ -115,42 +117,59 @@ train() {
     "$work/$name/metrics.jsonl"
 }
 
-# link_fabric BATCH [flags...]: "BUSGBPS:LATENCYUS:CPUUS_PER_MB" of the link as
-# it is shaped now (the CPU column: what each MB sent and received costs the
-# rank's core); with LINK_UNDER_LOAD, measured while every host also runs
-# the 1-rank job of BATCH, so the ranks' cores compute as in training.
-link_fabric() {
-  local batch=$1 table host loads=() args
-  shift
-  if [[ $link_under_load == yes ]]; then
-    for ((host = 0; host < ranks; host++)); do
-      train_args "load$host" 1 "$batch" 1000
-      setsid bash jobs/emulated_hosts.sh exec "$hosts" "$host" mpirun --allow-run-as-root -np 1 \
-        --bind-to none -x OMP_NUM_THREADS=1 "${args[@]}" "$@" >"$work/load$host.log" 2>&1 &
-      loads+=($!)
-    done
-    sleep 15 # past start-up: every host computes
-  fi
+# allreduce_table: vqa_allreduce_bench across the hosts at 4 B, 4 KiB and 4 MiB
+allreduce_table() {
+  local table
   table=$(bash jobs/emulated_hosts.sh mpirun "$hosts" "$build/vqa_allreduce_bench" -b 4 -e 4M -f 1024 \
     -n 5 -r 3 -w 2 --raw false 2>&1) || { echo "$table" >&2; die "vqa_allreduce_bench failed"; }
-  for host in "${!loads[@]}"; do
-    kill -KILL -- "-${loads[$host]}" 2>/dev/null || true
-    wait "${loads[$host]}" 2>/dev/null || true
-    rm -rf "$work/load$host"
-  done
+  echo "$table"
+}
+
+# link_fabric BATCH [flags...]: "BUSGBPS:LATENCYUS:CPUUS_PER_MB[:BUSGBPS_IN_BACKWARD]"
+# of the link as it is shaped now (the CPU column: what each MB sent and
+# received costs the rank's core), measured with the hosts idle, as the
+# link is once backward has ended; with LINK_UNDER_LOAD also the bus
+# bandwidth while every host runs the 1-rank job of BATCH, as during
+# backward, when a rank's allreduce waits for a core that ranks compute on.
+# The load runs in this script's session, as the ranks' own compute threads
+# do: a load in a session of its own (setsid) gets a scheduling group of its
+# own (the kernel's autogroup), and the allreduce then wakes ahead of it and
+# reads the idle link's bandwidth (0.119 against 0.085 GB/s, 4 hosts on 2
+# cores at 1 Gbit/s).
+link_fabric() {
+  local batch=$1 table loaded="" host loads=() args
+  shift
+  table=$(allreduce_table)
+  if [[ $link_under_load == yes ]]; then
+    set -m # each load in a process group of its own, to end it whole; same session
+    for ((host = 0; host < ranks; host++)); do
+      train_args "load$host" 1 "$batch" 1000
+      bash jobs/emulated_hosts.sh exec "$hosts" "$host" mpirun --allow-run-as-root -np 1 \
+        --bind-to none -x OMP_NUM_THREADS=1 "${args[@]}" "$@" </dev/null >"$work/load$host.log" 2>&1 &
+      loads+=($!)
+    done
+    set +m
+    sleep 15 # past start-up: every host computes
+    loaded=$(allreduce_table | awk '$1 == 4194304 { printf ":%.4f", $7 }')
+    for host in "${!loads[@]}"; do
+      kill -KILL -- "-${loads[$host]}" 2>/dev/null || true
+      wait "${loads[$host]}" 2>/dev/null || true
+      rm -rf "$work/load$host"
+    done
+  fi
   # rows: size count type redop time(us) algbw busbw ...; a 4-byte allreduce
   # takes one message round at 2 ranks, log2(ranks) rounds beyond (recursive
   # doubling); the projection counts its latency per round.
-  awk -v ranks="$ranks" '$1 == 4 { latency = $5 } $1 == 4194304 { bus = $7; cpu = $12 }
+  awk -v ranks="$ranks" -v loaded="$loaded" '$1 == 4 { latency = $5 } $1 == 4194304 { bus = $7; cpu = $12 }
        END { rounds = ranks > 2 ? log(ranks) / log(2) : 1
-             printf "%.4f:%.1f:%.0f\n", bus, latency / rounds, cpu }' <<<"$table"
+             printf "%.4f:%.1f:%.0f%s\n", bus, latency / rounds, cpu, loaded }' <<<"$table"
 }
 
 echo "batch,rate,fabric,predicted,measured,error_percent" >"$out_dir/projection.csv"
 {
   echo "# projection check: preset $preset, $ranks emulated hosts ($(nproc) cores), 1 thread per rank, $steps timed steps;"
-  echo "# predicted = vqa_project from the 1-rank profile and the link's measured bus bandwidth and latency (measured under load: $link_under_load)"
-  printf '%6s %9s %22s %11s %10s %8s\n' batch rate fabric predicted measured error
+  echo "# predicted = vqa_project from the 1-rank profile and the link's measured bus bandwidth, latency and CPU per MB (bus bandwidth during backward measured under load: $link_under_load)"
+  printf '%6s %9s %28s %11s %10s %8s\n' batch rate fabric predicted measured error
 } | tee "$out_dir/projection.txt"
 for batch in "${batches[@]}"; do
   bash jobs/emulated_hosts.sh shape "$hosts" --rate none
@@ -165,7 +184,7 @@ print("%.4f" % rows[0]["samples_per_second"])' "$ranks")
     measured=$(train "n$ranks-$batch-$rate" "$ranks" "$batch" "$@")
     error=$(awk -v p="$predicted" -v m="$measured" 'BEGIN { printf "%+.1f", 100 * (p - m) / m }')
     echo "$batch,$rate,$fabric,$predicted,$measured,$error" >>"$out_dir/projection.csv"
-    printf '%6s %9s %22s %11.1f %10.1f %7s%%\n' "$batch" "$rate" "$fabric" "$predicted" "$measured" \
+    printf '%6s %9s %28s %11.1f %10.1f %7s%%\n' "$batch" "$rate" "$fabric" "$predicted" "$measured" \
       "$error" | tee -a "$out_dir/projection.txt"
   done
   echo "  (batch $batch: 1 rank $one samples/s)" | tee -a "$out_dir/projection.txt"

@@ -48,10 +48,10 @@ std::optional<Fabric> fabric_from_text(const std::string& text) {
   for (const auto& preset : fabric_presets()) {
     if (preset.name == text) return preset;
   }
-  // BUSGBPS:LATENCYUS[:CPUUS_PER_MB], every field a whole number.
+  // BUSGBPS:LATENCYUS[:CPUUS_PER_MB[:BUSGBPS_IN_BACKWARD]], every field a number.
   std::vector<double> fields;
   size_t begin = 0;
-  while (begin <= text.size() && fields.size() < 4) {
+  while (begin <= text.size() && fields.size() < 5) {
     const size_t colon = std::min(text.find(':', begin), text.size());
     const std::string field = text.substr(begin, colon - begin);
     char* end = nullptr;
@@ -62,13 +62,19 @@ std::optional<Fabric> fabric_from_text(const std::string& text) {
     fields.push_back(value);
     begin = colon + 1;
   }
-  if (fields.size() < 2 || fields.size() > 3) return std::nullopt;
+  if (fields.size() < 2 || fields.size() > 4) return std::nullopt;
   const double gbps = fields[0], latency_us = fields[1];
-  const double cpu_us_per_mb = fields.size() == 3 ? fields[2] : 0.0;
+  const double cpu_us_per_mb = fields.size() >= 3 ? fields[2] : 0.0;
+  const double gbps_in_backward = fields.size() == 4 ? fields[3] : 0.0;
   if (gbps > 0 && gbps < 1e6 && latency_us >= 0 && latency_us < 1e6 && cpu_us_per_mb >= 0 &&
-      cpu_us_per_mb < 1e7) {
-    return Fabric{text, gbps, latency_us * 1e-6, "given on the command line",
-                  cpu_us_per_mb * 1e-12};
+      cpu_us_per_mb < 1e7 &&
+      (fields.size() < 4 || (gbps_in_backward > 0 && gbps_in_backward < 1e6))) {
+    return Fabric{text,
+                  gbps,
+                  latency_us * 1e-6,
+                  "given on the command line",
+                  cpu_us_per_mb * 1e-12,
+                  gbps_in_backward};
   }
   return std::nullopt;
 }
@@ -120,15 +126,22 @@ LinkSchedule link_schedule(const StepProfile& profile, const Fabric& fabric, int
                            double backward) {
   LinkSchedule link;
   const double stretch = profile.last_backward > 0 ? backward / profile.last_backward : 1.0;
+  // Where the link is slower while backward computes, a bucket's bytes move
+  // at that rate until backward ends and at the idle rate after it.
+  const double in_backward = fabric.bus_gbps_in_backward > 0 && fabric.bus_gbps > 0
+                                 ? fabric.bus_gbps / fabric.bus_gbps_in_backward
+                                 : 1.0;
   for (const auto& bucket : profile.buckets) {
     const double ready = std::max(0.0, (profile.last_backward - bucket.ready_before_end) * stretch);
-    const double seconds = ring_seconds(bucket.bytes, fabric, ranks, &link.latency);
+    const double idle = ring_seconds(bucket.bytes, fabric, ranks, &link.latency);
     const double start = std::max(link.end, ready);
+    // idle seconds of the bucket's transfer that fit before backward ends,
+    // each taking `in_backward` times as long there.
+    const double before = std::clamp((backward - start) / in_backward, 0.0, idle);
+    const double seconds = before * in_backward + (idle - before);
     link.comm += seconds;
     link.end = start + seconds;
-    if (seconds > 0) {
-      link.bytes_in_backward += bucket.bytes * std::clamp((backward - start) / seconds, 0.0, 1.0);
-    }
+    if (idle > 0) link.bytes_in_backward += bucket.bytes * before / idle;
   }
   return link;
 }
@@ -255,6 +268,7 @@ nlohmann::json projection_json(const StepProfile& profile, const Fabric& fabric,
             {"bus_gbps", fabric.bus_gbps},
             {"latency_seconds", fabric.latency_seconds},
             {"cpu_seconds_per_byte", fabric.cpu_seconds_per_byte},
+            {"bus_gbps_in_backward", fabric.bus_gbps_in_backward},
             {"source", fabric.source}}},
           {"profile",
            {{"data_wait_seconds", profile.data_wait},
@@ -301,10 +315,15 @@ std::vector<std::string> projection_lines(const Fabric& fabric,
                                           const std::vector<ProjectedStep>& rows) {
   std::vector<std::string> lines;
   char line[256];
+  char in_backward[64] = "";
+  if (fabric.bus_gbps_in_backward > 0) {
+    std::snprintf(in_backward, sizeof(in_backward), ", %.3g GB/s during backward",
+                  fabric.bus_gbps_in_backward);
+  }
   std::snprintf(
       line, sizeof(line),
-      "  projection on %s (bus %.3g GB/s, %.0f us per ring step; %s):", fabric.name.c_str(),
-      fabric.bus_gbps, fabric.latency_seconds * 1e6, fabric.source.c_str());
+      "  projection on %s (bus %.3g GB/s%s, %.0f us per ring step; %s):", fabric.name.c_str(),
+      fabric.bus_gbps, in_backward, fabric.latency_seconds * 1e6, fabric.source.c_str());
   lines.push_back(line);
   lines.push_back(
       "    ranks   step_ms  comm_ms  exposed_ms  straggler_ms   samples/s  efficiency  bottleneck");

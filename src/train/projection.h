@@ -12,7 +12,10 @@
 // with n (per-rank batch fixed), except on a CPU rank, where the allreduce's
 // own CPU time (Fabric::cpu_seconds_per_byte) during backward lengthens
 // backward by as much (one core per rank, shared with the progress thread
-// and the kernel's network work). And every step waits for the slowest of
+// and the kernel's network work), and where ranks share cores, the link
+// moves what it sends during backward at the lower bus bandwidth measured
+// while those cores compute (Fabric::bus_gbps_in_backward), the rest at the
+// idle link's. And every step waits for the slowest of
 // the n ranks: the compute is taken as the expected maximum of n draws from
 // the run's own per-step compute times (StepProfile::compute_spread), which
 // is the mean at n = 1 and grows slowly with n (ranks taken as independent:
@@ -38,12 +41,17 @@ struct Fabric {
   // buffer), as vqa_allreduce_bench's "cpu" column measures it: on a CPU
   // rank it is taken from compute that runs at the same time. 0 for GPUs.
   double cpu_seconds_per_byte = 0.0;
+  // The bus bandwidth while backward runs on the ranks' cores, where the
+  // allreduce's progress thread waits for a core that computes (CPU ranks
+  // that share cores: vqa_allreduce_bench beside a compute load in the same
+  // session, jobs/bench_projection.sh); 0: the same as bus_gbps.
+  double bus_gbps_in_backward = 0.0;
 };
 
 // The built-in fabrics (README: "Projection to N ranks" lists their sources).
 const std::vector<Fabric>& fabric_presets();
-// A preset by name, or "BUSGBPS:LATENCYUS[:CPUUS_PER_MB]" (e.g. "12.5:5",
-// "0.119:20:900"); nullopt otherwise.
+// A preset by name, or "BUSGBPS:LATENCYUS[:CPUUS_PER_MB[:BUSGBPS_IN_BACKWARD]]"
+// (e.g. "12.5:5", "0.119:20:900", "0.119:20:900:0.085"); nullopt otherwise.
 std::optional<Fabric> fabric_from_text(const std::string& text);
 
 // One gradient bucket as the run saw it.

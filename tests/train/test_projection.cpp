@@ -131,10 +131,39 @@ TEST(Projection, JsonRoundTripAndFabricNames) {
   EXPECT_FALSE(vqa::train::fabric_from_text("fast").has_value());
   EXPECT_FALSE(vqa::train::fabric_from_text("0:5").has_value());
   EXPECT_FALSE(vqa::train::fabric_from_text("1:2x").has_value());
-  EXPECT_FALSE(vqa::train::fabric_from_text("1:2:3:4").has_value());
+  EXPECT_FALSE(vqa::train::fabric_from_text("1:2:3:4:5").has_value());
+  EXPECT_FALSE(vqa::train::fabric_from_text("1:2:3:0").has_value());
   const auto with_cpu = vqa::train::fabric_from_text("0.119:20:900");
   ASSERT_TRUE(with_cpu.has_value());
   EXPECT_NEAR(with_cpu->cpu_seconds_per_byte, 900e-12, 1e-24);
+  EXPECT_EQ(with_cpu->bus_gbps_in_backward, 0.0);
+  const auto loaded = vqa::train::fabric_from_text("0.119:20:900:0.085");
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->bus_gbps, 0.119);
+  EXPECT_EQ(loaded->bus_gbps_in_backward, 0.085);
+  EXPECT_EQ(vqa::train::projection_json(profile, *loaded, {})
+                .at("fabric")
+                .at("bus_gbps_in_backward")
+                .get<double>(),
+            0.085);
+}
+
+TEST(Projection, TheLinkRunsAtItsBackwardRateUntilBackwardEnds) {
+  // Half the bus bandwidth while backward computes (0.05 against 0.1 GB/s):
+  // a bucket's 102 ms (100 ms of bytes, 2 latencies of 1 ms) take twice as
+  // long before backward ends at 200 ms. Bucket 0 (ready at 50 ms) does 75
+  // ms of its work in the 150 ms left and the other 27 ms after: 50 -> 227
+  // ms. Bucket 1 (ready at 150 ms) waits for it and runs at the idle rate:
+  // 227 -> 329 ms, 129 ms exposed.
+  const Fabric fabric{"f", 0.1, 1e-3, "", 0.0, 0.05};
+  const auto step = vqa::train::project_step(two_bucket_profile(), fabric, 2);
+  EXPECT_NEAR(step.comm_seconds, 0.177 + 0.102, kTolerance);
+  EXPECT_NEAR(step.exposed_seconds, 0.129, kTolerance);
+  EXPECT_NEAR(step.step_seconds, 0.320 + 0.129, kTolerance);
+  // The same rate in and after backward is the plain model (0.374 s above).
+  const Fabric same{"f", 0.1, 1e-3, "", 0.0, 0.1};
+  EXPECT_NEAR(vqa::train::project_step(two_bucket_profile(), same, 2).step_seconds, 0.374,
+              kTolerance);
 }
 
 // The wait for the slowest rank: the expected maximum of n draws from the
