@@ -31,6 +31,7 @@
 # ranks will); vqa_project re-cuts it to the buckets the multi-rank run picks
 # itself (--bucket-mb 0, auto). Needs root (network namespaces).
 set -euo pipefail
+shopt -s inherit_errexit # a failure inside $(...) ends the script too
 cd "$(dirname "$0")/.."
 build=${1:-build}
 shift || true
@@ -151,11 +152,16 @@ link_fabric() {
     set +m
     sleep 15 # past start-up: every host computes
     loaded=$(allreduce_table | awk '$1 == 4194304 { printf ":%.4f", $7 }')
+    # mpirun passes SIGTERM on to its rank (which Open MPI starts in a
+    # process group of its own); whatever is left in the hosts then is the
+    # load's, as nothing else runs there now.
+    for host in "${!loads[@]}"; do kill -TERM -- "-${loads[$host]}" 2>/dev/null || true; done
     for host in "${!loads[@]}"; do
-      kill -KILL -- "-${loads[$host]}" 2>/dev/null || true
       wait "${loads[$host]}" 2>/dev/null || true
+      for pid in $(ip netns pids "$hosts-h$host" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
       rm -rf "$work/load$host"
     done
+    [[ $loaded =~ ^:[0-9]+\.[0-9]+$ ]] || die "no 4 MiB row in vqa_allreduce_bench's table beside the load"
   fi
   # rows: size count type redop time(us) algbw busbw ...; a 4-byte allreduce
   # takes one message round at 2 ranks, log2(ranks) rounds beyond (recursive

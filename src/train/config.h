@@ -114,7 +114,7 @@ struct TrainConfig {
   bool phase_timers = true;             // per-step phase timers, epoch summary and diagnosis
   std::string timeline;                 // Chrome trace-event JSON file; "" none
   std::string profile;  // rank 0's operator/kernel profile over the timeline window; "" none
-  std::string project_fabric = "auto";     // projection's fabric: auto | preset | GBPS:LATENCYUS
+  std::string project_fabric = "auto";     // auto | preset | BUSGBPS:LATENCYUS[:...]
   int64_t timeline_first_step = 10;        // first global optimiser step in the timeline
   int64_t timeline_steps = 5;              // optimiser steps in the timeline
   NonFinite nonfinite = NonFinite::kStop;  // a non-finite loss or gradient

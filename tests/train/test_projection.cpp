@@ -4,6 +4,7 @@
 // vqa_project reads; fabric names. Exact arithmetic, tolerance 1e-12 s.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -160,6 +161,21 @@ TEST(Projection, TheLinkRunsAtItsBackwardRateUntilBackwardEnds) {
   EXPECT_NEAR(step.comm_seconds, 0.177 + 0.102, kTolerance);
   EXPECT_NEAR(step.exposed_seconds, 0.129, kTolerance);
   EXPECT_NEAR(step.step_seconds, 0.320 + 0.129, kTolerance);
+  // With 1000 us of CPU per MB as well: the first schedule moves 75/102 of
+  // bucket 0 inside backward (bucket 1 starts after it), which lengthens
+  // backward; the second schedule, ready times stretched, again at half
+  // speed until the longer backward ends.
+  const Fabric with_cpu{"f", 0.1, 1e-3, "", 1e-9, 0.05};
+  const double backward = 0.200 + 1e-9 * 10e6 * 0.075 / 0.102;
+  const double stretch = backward / 0.200;
+  const auto transfer_end = [&](double start) {
+    const double before = std::clamp((backward - start) / 2.0, 0.0, 0.102);
+    return start + 2.0 * before + (0.102 - before);
+  };
+  const double end0 = transfer_end(0.050 * stretch);
+  const double end1 = transfer_end(std::max(end0, 0.150 * stretch));
+  EXPECT_NEAR(vqa::train::project_step(two_bucket_profile(), with_cpu, 2).step_seconds,
+              0.320 + (backward - 0.200) + std::max(0.0, end1 - backward), kTolerance);
   // The same rate in and after backward is the plain model (0.374 s above).
   const Fabric same{"f", 0.1, 1e-3, "", 0.0, 0.1};
   EXPECT_NEAR(vqa::train::project_step(two_bucket_profile(), same, 2).step_seconds, 0.374,
