@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -52,6 +53,24 @@ inline double max_relative_difference(const std::map<std::string, torch::Tensor>
     worst = std::max(worst, (other->second - tensor).norm().item<double>() / norm);
   }
   return worst;
+}
+
+// Relative difference ||a - b|| / ||b|| of all parameters as one vector.
+inline double whole_relative_difference(const std::map<std::string, torch::Tensor>& a,
+                                        const std::map<std::string, torch::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double difference = 0.0, norm = 0.0;
+  for (const auto& [name, tensor] : b) {
+    const auto other = a.find(name);
+    if (other == a.end()) {
+      ADD_FAILURE() << "missing " << name;
+      continue;
+    }
+    const auto reference = tensor.to(torch::kDouble);
+    difference += (other->second.to(torch::kDouble) - reference).pow(2).sum().item<double>();
+    norm += reference.pow(2).sum().item<double>();
+  }
+  return std::sqrt(difference) / std::max(std::sqrt(norm), 1e-12);
 }
 
 // Names of the tensors that differ in any bit (or that only `a` has), "" when
