@@ -177,8 +177,8 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "the fabric of the projection to 1..1024 ranks printed at the end and saved in "
            "diagnosis.json: auto (this run's measured allreduce bus bandwidth and latency; 10gbe "
            "on 1 CPU rank, ib-ndr on 1 GPU rank), a preset (nvlink-h100, ib-ndr, ib-hdr, 100gbe, "
-           "25gbe, 10gbe, 1gbe, pcie-no-p2p) or "
-           "BUSGBPS:LATENCYUS[:CPUUS_PER_MB[:BUSGBPS_IN_BACKWARD]] "
+           "25gbe, 10gbe, 1gbe, pcie-no-p2p) or " VQA_FABRIC_TEXT_FORMAT
+           " "
            "(e.g. 12.5:5; vqa_project --help)")
       .add("timeline-first-step", &c.timeline_first_step, "first optimiser step in the timeline",
            util::Range{0, 1e12})
@@ -330,8 +330,8 @@ void config_finalize(TrainConfig& c, int world_size) {
   if (c.project_fabric != "auto" && !fabric_from_text(c.project_fabric)) {
     fatal_user_error(
         "--project-fabric must be auto, a preset (nvlink-h100, ib-ndr, ib-hdr, "
-        "100gbe, 25gbe, 10gbe, 1gbe, pcie-no-p2p) or "
-        "BUSGBPS:LATENCYUS[:CPUUS_PER_MB[:BUSGBPS_IN_BACKWARD]] with positive bandwidths, got '" +
+        "100gbe, 25gbe, 10gbe, 1gbe, pcie-no-p2p) or " VQA_FABRIC_TEXT_FORMAT
+        " with positive bandwidths, got '" +
         c.project_fabric + "'");
   }
   if (c.bf16_autocast) {

@@ -38,8 +38,9 @@ int main(int argc, char** argv) {
   table
       .add_required("diagnosis", &options.diagnosis, "a run's diagnosis.json (vqa_train writes it)")
       .add("fabric", &options.fabric,
-           "a preset (nvlink-h100, ib-ndr, ib-hdr, 100gbe, 25gbe, 10gbe, 1gbe, pcie-no-p2p) or "
-           "BUSGBPS:LATENCYUS[:CPUUS_PER_MB[:BUSGBPS_IN_BACKWARD]], e.g. 0.117:50 (CPU ranks: the "
+           "a preset (nvlink-h100, ib-ndr, ib-hdr, 100gbe, 25gbe, 10gbe, 1gbe, pcie-no-p2p) "
+           "or " VQA_FABRIC_TEXT_FORMAT
+           ", e.g. 0.117:50 (CPU ranks: the "
            "allreduce's CPU microseconds per MB, and the bus bandwidth while backward computes "
            "on the same cores, as jobs/bench_projection.sh measures them)")
       .add("max-ranks", &options.max_ranks, "project 1, 2, 4, ... up to this many ranks (1..65536)")
@@ -58,8 +59,7 @@ int main(int argc, char** argv) {
   }
   const auto fabric = vqa::train::fabric_from_text(options.fabric);
   if (!fabric)
-    return fail("--fabric: no preset or BUSGBPS:LATENCYUS[:CPUUS_PER_MB[:BUSGBPS_IN_BACKWARD]] '" +
-                options.fabric + "'");
+    return fail("--fabric: no preset or " VQA_FABRIC_TEXT_FORMAT " '" + options.fabric + "'");
   if (!(options.bucket_mb >= -1) || options.bucket_mb > 1e6) {
     return fail("--bucket-mb must be -1, 0 or a size up to 1e6 MiB");
   }

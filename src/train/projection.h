@@ -50,8 +50,11 @@ struct Fabric {
 
 // The built-in fabrics (README: "Projection to N ranks" lists their sources).
 const std::vector<Fabric>& fabric_presets();
-// A preset by name, or "BUSGBPS:LATENCYUS[:CPUUS_PER_MB[:BUSGBPS_IN_BACKWARD]]"
-// (e.g. "12.5:5", "0.119:20:900", "0.119:20:900:0.085"); nullopt otherwise.
+// A measured fabric as text, for help and error messages (a literal, so that
+// option tables can keep it as their help's const char*).
+#define VQA_FABRIC_TEXT_FORMAT "BUSGBPS:LATENCYUS[:CPUUS_PER_MB[:BUSGBPS_IN_BACKWARD]]"
+// A preset by name, or VQA_FABRIC_TEXT_FORMAT (e.g. "12.5:5", "0.119:20:900",
+// "0.119:20:900:0.085"); nullopt otherwise.
 std::optional<Fabric> fabric_from_text(const std::string& text);
 
 // One gradient bucket as the run saw it.

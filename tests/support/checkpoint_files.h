@@ -9,6 +9,8 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace vqa::testing {
 
@@ -38,19 +40,29 @@ inline std::map<std::string, torch::Tensor> load_model(const std::string& checkp
   return tensors;
 }
 
-// Largest relative difference ||a - b|| / ||b|| over the parameters.
-inline double max_relative_difference(const std::map<std::string, torch::Tensor>& a,
-                                      const std::map<std::string, torch::Tensor>& b) {
+// Each parameter of `b` with its namesake in `a` (a failure for one `a` lacks).
+inline std::vector<std::pair<torch::Tensor, torch::Tensor>> paired_tensors(
+    const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
   EXPECT_EQ(a.size(), b.size());
-  double worst = 0.0;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> pairs;
   for (const auto& [name, tensor] : b) {
     const auto other = a.find(name);
     if (other == a.end()) {
       ADD_FAILURE() << "missing " << name;
       continue;
     }
+    pairs.emplace_back(other->second, tensor);
+  }
+  return pairs;
+}
+
+// Largest relative difference ||a - b|| / ||b|| over the parameters.
+inline double max_relative_difference(const std::map<std::string, torch::Tensor>& a,
+                                      const std::map<std::string, torch::Tensor>& b) {
+  double worst = 0.0;
+  for (const auto& [other, tensor] : paired_tensors(a, b)) {
     const double norm = std::max(tensor.norm().item<double>(), 1e-12);
-    worst = std::max(worst, (other->second - tensor).norm().item<double>() / norm);
+    worst = std::max(worst, (other - tensor).norm().item<double>() / norm);
   }
   return worst;
 }
@@ -58,16 +70,10 @@ inline double max_relative_difference(const std::map<std::string, torch::Tensor>
 // Relative difference ||a - b|| / ||b|| of all parameters as one vector.
 inline double whole_relative_difference(const std::map<std::string, torch::Tensor>& a,
                                         const std::map<std::string, torch::Tensor>& b) {
-  EXPECT_EQ(a.size(), b.size());
   double difference = 0.0, norm = 0.0;
-  for (const auto& [name, tensor] : b) {
-    const auto other = a.find(name);
-    if (other == a.end()) {
-      ADD_FAILURE() << "missing " << name;
-      continue;
-    }
+  for (const auto& [other, tensor] : paired_tensors(a, b)) {
     const auto reference = tensor.to(torch::kDouble);
-    difference += (other->second.to(torch::kDouble) - reference).pow(2).sum().item<double>();
+    difference += (other.to(torch::kDouble) - reference).pow(2).sum().item<double>();
     norm += reference.pow(2).sum().item<double>();
   }
   return std::sqrt(difference) / std::max(std::sqrt(norm), 1e-12);
