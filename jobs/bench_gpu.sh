@@ -5,6 +5,9 @@
 #                             (its default --tf32 false, LibTorch's: no TF32 in
 #                             matrix products; cuDNN's convolution, the patch
 #                             embedding, uses it either way)
+#   vqa-hpc-graph             vqa_train in bf16 with --cuda-graph true (each
+#                             step's forward and backward replayed as one CUDA
+#                             graph; GRAPH=0 leaves the row out)
 #   pytorch-eager             jobs/ddp_reference.py as a PyTorch user who knows
 #                             the library writes it: bf16 autocast,
 #                             F.scaled_dot_product_attention, fused AdamW, no DDP
@@ -61,6 +64,7 @@
 #   STEPS=20              timed steps (vqa_train: steps per epoch; at least 3)
 #   WARMUP=10             PyTorch's untimed steps (compilation happens in them)
 #   PRECISIONS="bf16 fp16 fp32"           vqa_train's rows
+#   GRAPH=1               the vqa-hpc-graph row (in the first precision)
 #   COMPILE_MODES="default reduce-overhead"   torch.compile rows ("" for none)
 #   PEAK_TFLOPS=989       the GPU's dense bf16 peak (H100 / H200)
 #   RUN_TIMEOUT=600       seconds one run may take (0: no limit); a run past it
@@ -88,6 +92,7 @@ read -r -a batches <<<"${BATCHES:-16 64}"
 steps=${STEPS:-20}
 warmup=${WARMUP:-10}
 read -r -a precisions <<<"${PRECISIONS:-bf16 fp16 fp32}"
+graph=${GRAPH:-1}
 read -r -a compile_modes <<<"${COMPILE_MODES-default reduce-overhead}"
 peak_tflops=${PEAK_TFLOPS:-989}
 run_timeout=${RUN_TIMEOUT:-600}
@@ -107,6 +112,7 @@ positive STEPS "$steps"
 [[ $warmup =~ ^[0-9]+$ ]] || die "WARMUP must be a non-negative integer, got '$warmup'"
 ((${#batches[@]})) || die "BATCHES is empty"
 for b in "${batches[@]}"; do positive BATCHES "$b"; done
+[[ $graph == 0 || $graph == 1 ]] || die "GRAPH must be 0 or 1, got '$graph'"
 for p in "${precisions[@]}"; do
   [[ $p == bf16 || $p == fp16 || $p == fp32 ]] || die "PRECISIONS takes bf16 fp16 fp32, got '$p'"
 done
@@ -269,24 +275,27 @@ print(json.dumps(row))
 EOF
 }
 
-# run_vqa NAME PRECISION BATCH: vqa_train, 2 epochs of STEPS steps; the
+# run_vqa NAME PRECISION BATCH [IMPL [FLAG...]]: vqa_train, 2 epochs of
+# STEPS steps, its row named IMPL (default vqa-hpc), with FLAGs added; the
 # profile covers the first epoch's last 2 steps, so the timed epoch runs
 # without the profiler.
 run_vqa() {
-  local name=$1 precision=$2 batch=$3 run=$work/$1 status=0 start=$SECONDS
+  local name=$1 precision=$2 batch=$3 impl=${4:-vqa-hpc} run=$work/$1 status=0 start=$SECONDS
+  shift 3
+  (($# == 0)) || shift
   rm -rf "$run"
   "${limit[@]}" mpirun -np 1 "${mpirun_flags[@]}" "$build/vqa_train" --train-data "$data" \
     --out "$run" --preset "$preset" --device "$device" --precision "$precision" \
     "${vqa_threads[@]}" --global-batch "$batch" --batch-per-rank "$batch" --epochs 2 \
     --max-steps-per-epoch "$steps" --eval-every 0 --save-every 0 --progress off \
     --profile "$logs/$name.trace.json" --timeline-first-step $((steps - 2)) --timeline-steps 2 \
-    "${vqa_extra[@]}" >"$logs/$name.log" 2>&1 || status=$?
+    "${vqa_extra[@]}" "$@" >"$logs/$name.log" 2>&1 || status=$?
   echo "bench_gpu.sh: $name: exit $status after $((SECONDS - start)) s" >&2
   if ((status == 0)); then
     cp "$run/metrics.jsonl" "$logs/$name.metrics.jsonl"
-    row_json vqa vqa-hpc "$precision" "$batch" "$run" "$logs/$name.trace.json" >>"$rows"
+    row_json vqa "$impl" "$precision" "$batch" "$run" "$logs/$name.trace.json" >>"$rows"
   else
-    failed_row vqa-hpc "$precision" "$batch" "$status" "$logs/$name.log"
+    failed_row "$impl" "$precision" "$batch" "$status" "$logs/$name.log"
   fi
 }
 
@@ -336,6 +345,9 @@ for batch in "${batches[@]}"; do
       cp "$work/vqa-$precision-$batch/train.log" "$logs/model_line_source.log"
     fi
     [[ $precision == "${precisions[0]}" ]] || continue
+    if ((graph)); then
+      run_vqa "vqa-graph-$precision-$batch" "$precision" "$batch" vqa-hpc-graph --cuda-graph true
+    fi
     ((${#ddp_flags[@]})) || die "no vqa_train run finished, so the reference has no model line to follow"
     run_torch pytorch-eager "$batch"
     for mode in "${compile_modes[@]}"; do
@@ -352,8 +364,8 @@ import csv, json, re, sys
 rows_path, csv_path, model_line, max_len, peak, parameters, steps = sys.argv[1:8]
 rows = [json.loads(line) for line in open(rows_path) if line.strip()]
 # Per batch: vqa-hpc by precision, then PyTorch eager, then the compile modes.
-order = {"vqa-hpc": 0, "pytorch-eager": 1}
-rows.sort(key=lambda r: (r["batch"], order.get(r["impl"], 2), r["impl"],
+order = {"vqa-hpc": 0, "vqa-hpc-graph": 1, "pytorch-eager": 2}
+rows.sort(key=lambda r: (r["batch"], order.get(r["impl"], 3), r["impl"],
                          ["bf16", "fp16", "fp32"].index(r["precision"])))
 sys.path.insert(0, "jobs")  # the script runs from the repository root
 from model_flops import forward_flops, model_sizes  # the GPU check's formula too
@@ -399,19 +411,22 @@ print()
 for batch in sorted({row["batch"] for row in rows}):
     done = {r["impl"] + "/" + r["precision"]: r["samples_per_second"] for r in rows
             if r["batch"] == batch and r.get("samples_per_second")}
-    ours = done.get("vqa-hpc/bf16")
     eager = next((v for k, v in done.items() if k.startswith("pytorch-eager/")), None)
     compiled = {k.split("/")[0][len("pytorch-compile-"):]: v for k, v in done.items()
                 if k.startswith("pytorch-compile-")}
-    parts = [f"batch {batch}: vqa-hpc bf16 / PyTorch eager = "
-             + (f"{ours / eager:.2f}" if ours and eager else "n/a")]
-    if compiled:
-        mode = max(compiled, key=compiled.get)
-        parts.append(f"/ best torch.compile ({mode}) = "
-                     + (f"{ours / compiled[mode]:.2f}" if ours else "n/a"))
-    else:
-        parts.append("/ torch.compile: no row ran")
-    print("; ".join(parts))
+    for impl in ("vqa-hpc", "vqa-hpc-graph"):
+        ours = done.get(impl + "/bf16")
+        if impl == "vqa-hpc-graph" and not ours:
+            continue
+        parts = [f"batch {batch}: {impl} bf16 / PyTorch eager = "
+                 + (f"{ours / eager:.2f}" if ours and eager else "n/a")]
+        if compiled:
+            mode = max(compiled, key=compiled.get)
+            parts.append(f"/ best torch.compile ({mode}) = "
+                         + (f"{ours / compiled[mode]:.2f}" if ours else "n/a"))
+        else:
+            parts.append("/ torch.compile: no row ran")
+        print("; ".join(parts))
 for row in rows:
     if row.get("steps") is not None and row["steps"] < int(steps):
         print(f"{row['impl']} {row['precision']} batch {row['batch']}: {row['steps']} timed "

@@ -228,13 +228,15 @@ inside_cuda_build() {
   read -r -a targets <<<"${VQA_LT2_CUDA_TARGETS:-}"
   build cuda "${targets[@]}"
 
-  # The CUDA code paths were compiled: VQA_TORCH_HAS_CUDA on both files, the
-  # CUDA LibTorch's headers, and the objects call getCurrentCUDAStream. A
-  # file's object is the unity batch that includes it (VQA_UNITY_BUILD, the
-  # default), or its own.
-  local file unit line object commands objects=/build/cuda/src/runtime/CMakeFiles/vqa_runtime.dir
+  # The CUDA code paths were compiled: VQA_TORCH_HAS_CUDA on each file, the
+  # CUDA LibTorch's headers, and the objects call what only those paths call
+  # (getCurrentCUDAStream; the CUDA graph's capture). A file's object is the
+  # unity batch that includes it (VQA_UNITY_BUILD, the default), or its own.
+  local file symbol unit line object commands objects=/build/cuda/src/runtime/CMakeFiles/vqa_runtime.dir
   commands=$(ninja -C /build/cuda -t commands)
-  for file in nccl_communicator stream_clock; do
+  for file in nccl_communicator stream_clock cuda_graph; do
+    symbol=c10::cuda::getCurrentCUDAStream
+    [[ $file == cuda_graph ]] && symbol=at::cuda::CUDAGraph::capture_begin
     unit=$(grep -l "/src/runtime/$file.cpp\"" "$objects"/Unity/*.cxx 2>/dev/null | head -n 1 || true)
     if [[ -n $unit ]]; then
       object=$unit.o
@@ -248,10 +250,10 @@ inside_cuda_build() {
     grep -q -- "$lt_cuda/include" <<<"$line" ||
       { log "  $file.cpp: not compiled against $lt_cuda/include"; return 1; }
     # (grep without -q: it reads all of nm's output, so pipefail sees no SIGPIPE)
-    nm -C --undefined-only "$object" | grep 'c10::cuda::getCurrentCUDAStream' >/dev/null ||
-      { log "  $file.cpp (${object##*/}) does not call c10::cuda::getCurrentCUDAStream"; return 1; }
+    nm -C --undefined-only "$object" | grep -F "$symbol" >/dev/null ||
+      { log "  $file.cpp (${object##*/}) does not call $symbol"; return 1; }
   done
-  log "  nccl_communicator.cpp, stream_clock.cpp: compiled with VQA_TORCH_HAS_CUDA, call c10::cuda::getCurrentCUDAStream"
+  log "  nccl_communicator.cpp, stream_clock.cpp, cuda_graph.cpp: compiled with VQA_TORCH_HAS_CUDA; they call c10::cuda::getCurrentCUDAStream and at::cuda::CUDAGraph::capture_begin"
 
   # Every executable is linked; those with LibTorch against the CUDA one.
   local exe total=0 cuda=0 nccl=0 wrong=()

@@ -22,6 +22,8 @@ const char* collective_kind_name(CollectiveKind kind) {
       return "reduce-scatter";
     case CollectiveKind::kAllgather:
       return "allgather";
+    case CollectiveKind::kGraphReplay:
+      return "replayed CUDA graph's collectives";
   }
   return "collective";
 }

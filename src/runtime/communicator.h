@@ -136,6 +136,15 @@ class Communicator {
   // of algorithm, pieces or tracking. MPI backend only; others throw.
   virtual void library_allreduce_sum(const torch::Tensor& buffer);
 
+  // CUDA graphs (cuda_graph.h): a collective launched while torch's current
+  // stream is being captured becomes part of the graph and is not watched on
+  // its own (an event recorded in a capture cannot be queried). After each
+  // replay of such a graph on the current stream, call this: the watchdog
+  // then watches the replay as one collective of `bytes`, so a peer that
+  // never joins is found and named as for any other. A no-op where nothing
+  // is captured (the MPI backend).
+  virtual void watch_replayed_graph(int64_t bytes) {}
+
   // Root's values replace every other rank's, in place; blocks until done.
   virtual void broadcast(const torch::Tensor& buffer, int root) = 0;
   // Returns once every rank has called it and all collectives launched

@@ -103,12 +103,12 @@ class NcclCommunicator final : public Communicator {
     cudaStream_t compute = compute_stream(device_);
     order_after(compute);
     const int64_t sequence =
-        tracker_->begin(CollectiveKind::kAllreduce, buffer.numel() * buffer.element_size());
+        begin_watch(compute, CollectiveKind::kAllreduce, buffer.numel() * buffer.element_size());
     VQA_CHECK_NCCL_IN(
-        tracker_.get(),
+        watching(sequence),
         ncclAllReduce(buffer.data_ptr(), buffer.data_ptr(), buffer.numel(), nccl_type(buffer),
                       op == ReduceOp::kAverage ? ncclAvg : ncclSum, comm_, comm_stream_));
-    SharedEvent done = record_completion(sequence);
+    SharedEvent done = record_completion(sequence, comm_stream_);
     return std::make_shared<NcclWork>(std::move(done), compute);
   }
 
@@ -119,14 +119,14 @@ class NcclCommunicator final : public Communicator {
     check_blocks(buffer);
     cudaStream_t compute = compute_stream(device_);
     order_after(compute);
-    const int64_t sequence =
-        tracker_->begin(CollectiveKind::kReduceScatter, buffer.numel() * buffer.element_size());
+    const int64_t sequence = begin_watch(compute, CollectiveKind::kReduceScatter,
+                                         buffer.numel() * buffer.element_size());
     const torch::Tensor block = own_block(buffer);
     VQA_CHECK_NCCL_IN(
-        tracker_.get(),
+        watching(sequence),
         ncclReduceScatter(buffer.data_ptr(), block.data_ptr(), block.numel(), nccl_type(buffer),
                           op == ReduceOp::kAverage ? ncclAvg : ncclSum, comm_, comm_stream_));
-    SharedEvent done = record_completion(sequence);
+    SharedEvent done = record_completion(sequence, comm_stream_);
     return std::make_shared<NcclWork>(std::move(done), compute);
   }
 
@@ -136,12 +136,12 @@ class NcclCommunicator final : public Communicator {
     cudaStream_t compute = compute_stream(device_);
     order_after(compute);
     const int64_t sequence =
-        tracker_->begin(CollectiveKind::kAllgather, buffer.numel() * buffer.element_size());
+        begin_watch(compute, CollectiveKind::kAllgather, buffer.numel() * buffer.element_size());
     const torch::Tensor block = own_block(buffer);
-    VQA_CHECK_NCCL_IN(tracker_.get(),
+    VQA_CHECK_NCCL_IN(watching(sequence),
                       ncclAllGather(block.data_ptr(), buffer.data_ptr(), block.numel(),
                                     nccl_type(buffer), comm_, comm_stream_));
-    SharedEvent done = record_completion(sequence);
+    SharedEvent done = record_completion(sequence, comm_stream_);
     return std::make_shared<NcclWork>(std::move(done), compute);
   }
 
@@ -152,7 +152,7 @@ class NcclCommunicator final : public Communicator {
     const int64_t sequence = tracker_->begin(CollectiveKind::kBroadcast, bytes);
     VQA_CHECK_NCCL_IN(tracker_.get(), ncclBroadcast(buffer.data_ptr(), buffer.data_ptr(), bytes,
                                                     ncclUint8, root, comm_, comm_stream_));
-    record_completion(sequence);
+    record_completion(sequence, comm_stream_);
     VQA_CHECK_CUDA(cudaStreamSynchronize(comm_stream_));
   }
 
@@ -172,6 +172,11 @@ class NcclCommunicator final : public Communicator {
     const double result = mpi_allreduce_scalar(MPI_COMM_WORLD, value, op, tracker_.get());
     tracker_->end(sequence);
     return result;
+  }
+
+  void watch_replayed_graph(int64_t bytes) override {
+    cudaStream_t compute = compute_stream(device_);
+    record_completion(tracker_->begin(CollectiveKind::kGraphReplay, bytes), compute);
   }
 
   std::vector<std::string> gather_strings(const std::string& value) override {
@@ -197,11 +202,27 @@ class NcclCommunicator final : public Communicator {
                   std::to_string(buffer.numel()));
   }
 
-  // Records an event after collective `sequence` on the communication stream
-  // and hands it to the watchdog's pending list.
-  SharedEvent record_completion(int64_t sequence) {
+  // The watchdog's sequence number for a collective about to be launched, or
+  // kCaptured when `compute` is being captured into a CUDA graph: such a
+  // collective is watched as part of the graph's replays
+  // (watch_replayed_graph), since its event cannot be queried.
+  static constexpr int64_t kCaptured = -1;
+  int64_t begin_watch(cudaStream_t compute, CollectiveKind kind, int64_t bytes) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    VQA_CHECK_CUDA(cudaStreamIsCapturing(compute, &status));
+    if (status != cudaStreamCaptureStatusNone) return kCaptured;
+    return tracker_->begin(kind, bytes);
+  }
+  const CollectiveTracker* watching(int64_t sequence) const {
+    return sequence == kCaptured ? nullptr : tracker_.get();
+  }
+
+  // Records an event after collective `sequence` on `stream` and, unless the
+  // collective is being captured, hands it to the watchdog's pending list.
+  SharedEvent record_completion(int64_t sequence, cudaStream_t stream) {
     SharedEvent done = event_create();
-    VQA_CHECK_CUDA(cudaEventRecord(done.get(), comm_stream_));
+    VQA_CHECK_CUDA(cudaEventRecord(done.get(), stream));
+    if (sequence == kCaptured) return done;
     std::lock_guard<std::mutex> lock(pending_mutex_);
     pending_.emplace_back(sequence, done);
     return done;
@@ -211,6 +232,14 @@ class NcclCommunicator final : public Communicator {
   // NCCL's asynchronous error (a peer lost, a network failure), if any.
   std::string poll_completion(CollectiveTracker& tracker) {
     cudaSetDevice(device_);  // the watchdog thread's current device
+    // While the training thread captures a CUDA graph (cuda_graph.h), CUDA
+    // forbids other threads' event queries unless they say they are safe:
+    // this thread only queries events recorded outside any capture.
+    static thread_local const bool relaxed = [] {
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      return cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+    }();
+    (void)relaxed;
     for (;;) {
       std::pair<int64_t, SharedEvent> front;
       {

@@ -21,7 +21,8 @@ enum class CollectiveKind : int64_t {
   kScalar,
   kGather,
   kReduceScatter,
-  kAllgather
+  kAllgather,
+  kGraphReplay  // a replayed CUDA graph holding collectives (cuda_graph.h)
 };
 const char* collective_kind_name(CollectiveKind kind);
 

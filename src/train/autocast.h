@@ -19,9 +19,14 @@ namespace vqa::train {
 class AutocastScope {
  public:
   // dtype: at::kBFloat16 or at::kHalf to autocast, at::kFloat for none.
-  AutocastScope(const torch::Device& device, at::ScalarType dtype)
+  // cache = false inside a CUDA graph's capture: autocast's cache of the
+  // weights' casts would otherwise keep tensors of the capture alive past it
+  // (PyTorch's torch.cuda.graph asks for cache_enabled=False likewise).
+  AutocastScope(const torch::Device& device, at::ScalarType dtype, bool cache = true)
       : enabled_(device.is_cuda() && dtype != at::kFloat) {
     if (!enabled_) return;
+    cache_before_ = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_cache_enabled(cache);
 #ifdef VQA_AUTOCAST_BY_DEVICE
     at::autocast::set_autocast_dtype(at::kCUDA, dtype);
     at::autocast::set_autocast_enabled(at::kCUDA, true);
@@ -38,12 +43,14 @@ class AutocastScope {
     at::autocast::set_enabled(false);
 #endif
     at::autocast::clear_cache();
+    at::autocast::set_autocast_cache_enabled(cache_before_);
   }
   AutocastScope(const AutocastScope&) = delete;
   AutocastScope& operator=(const AutocastScope&) = delete;
 
  private:
   bool enabled_;
+  bool cache_before_ = true;
 };
 
 }  // namespace vqa::train

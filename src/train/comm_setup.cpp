@@ -78,6 +78,12 @@ RowSyncChoice row_sync_choice(const TrainConfig& config, int world_size,
     }
     return {};
   }
+  if (config.cuda_graph) {
+    log.info("word embedding sync: whole table (" + option +
+             " with --cuda-graph: the rows synchronised would change every step, and a graph "
+             "replays fixed shapes)");
+    return {};
+  }
   const int64_t rows = found->tensor.size(0);
   const int64_t width = found->tensor.size(1);
   const int64_t positions = config.global_batch * max_question_length;

@@ -143,6 +143,12 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
       .add("packed-attention", &c.packed_attention,
            "one GEMM for the q, k and v projections (k and v across); the same function and "
            "parameter names")
+      .add("cuda-graph", &c.cuda_graph,
+           "GPU: after 3 eager steps, capture one step's forward, backward and gradient "
+           "averaging (NCCL) as a CUDA graph and replay it every step: no host launch cost per "
+           "kernel. Pads questions to the dataset's length (as --trim-text-padding false) for "
+           "fixed shapes; a batch of other shapes runs eagerly; where capture cannot work (the "
+           "CPU, the MPI backend, accumulation) every step is eager and train.log says why")
       .add("no-comm", &c.no_comm, "benchmark only: skip the gradient allreduce (ranks diverge)")
       .add("comm-timeout", &c.comm_timeout,
            "seconds a collective may wait: a warning names the ranks that have not arrived at "
@@ -354,6 +360,15 @@ void config_finalize(TrainConfig& c, int world_size) {
     fatal_user_error(
         "--shard-optimizer with --no-comm: each rank would update only its share of the "
         "parameters and never receive the others'; drop one of the two");
+  }
+  if (c.cuda_graph) {
+    if (c.sparse_embedding_sync == SparseEmbeddingSync::kOn) {
+      fatal_user_error(
+          "--cuda-graph with --sparse-embedding-sync on: the rows synchronised change every "
+          "step and a CUDA graph replays fixed shapes; use --sparse-embedding-sync off or auto "
+          "(auto synchronises the whole table under --cuda-graph)");
+    }
+    c.trim_text_padding = false;  // one question length: the graph's shapes are fixed
   }
   if (c.eval_only && c.init_from.empty() && c.resume.empty()) {
     fatal_user_error(

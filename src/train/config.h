@@ -102,7 +102,8 @@ struct TrainConfig {
   Precision precision = Precision::kFp32;
   int64_t loss_scale_interval = 2000;  // fp16: finite steps before the scale doubles
   bool packed_attention = false;       // one GEMM for q, k, v (measured slower on CPU: README)
-  bool no_comm = false;  // benchmark only: skip the gradient allreduce (ranks diverge)
+  bool cuda_graph = false;  // GPU: replay each step's forward and backward as a CUDA graph
+  bool no_comm = false;     // benchmark only: skip the gradient allreduce (ranks diverge)
   double comm_timeout = runtime::kDefaultCollectiveTimeoutSeconds;  // per collective; 0: none
   // loop, evaluation, output
   int eval_every = 1;

@@ -269,8 +269,10 @@ void GradientSynchronizer::finish_backward() {
   }
   reported_unused_ = true;
   launch_ready_buckets();
+  last_ready_before_end_.resize(buckets_.size());
   for (size_t k = 0; k < buckets_.size(); ++k) {
-    stats_.ready_before_end_sums[k] += std::max(0.0, backward_end - buckets_[k].launched);
+    last_ready_before_end_[k] = std::max(0.0, backward_end - buckets_[k].launched);
+    stats_.ready_before_end_sums[k] += last_ready_before_end_[k];
   }
 
   if (!options_.skip_allreduce) {
@@ -305,6 +307,21 @@ void GradientSynchronizer::finish_backward() {
     parameters_[i].tensor.mutable_grad() = slot_views_[i];
   }
   step_open_ = false;
+}
+
+void GradientSynchronizer::count_replayed_step() {
+  VQA_CHECK(!step_open_ && row_bucket_ < 0 && !last_ready_before_end_.empty(),
+            "a replayed step counted before any captured one, or with row sync");
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    stats_.ready_before_end_sums[k] += last_ready_before_end_[k];
+    if (options_.skip_allreduce) continue;
+    const auto& bucket = buckets_[k];
+    const auto bytes =
+        static_cast<int64_t>((bucket.wire.defined() ? bucket.wire : bucket.flat).nbytes());
+    stats_.sent_bytes_sums[k] += bytes;
+    stats_.sent_bytes += bytes;
+  }
+  ++stats_.synchronised_steps;
 }
 
 bool GradientSynchronizer::gradients_finite() const {

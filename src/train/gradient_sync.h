@@ -128,6 +128,12 @@ class GradientSynchronizer {
   // of the accumulated gradients. A no-op after a non-sync backward.
   void finish_backward();
 
+  // A step replayed from a CUDA graph (step_graph.h), whose buckets were
+  // filled, averaged and finished inside the replay: counts it in stats() as
+  // the captured step counted itself (the same bytes; each bucket's launch
+  // before the end of backward as in the last step finish_backward() saw).
+  void count_replayed_step();
+
   // True when every gradient of the last finish_backward() is finite: one
   // sum per bucket, read once (the exact check only when a sum is not finite).
   bool gradients_finite() const;
@@ -219,9 +225,10 @@ class GradientSynchronizer {
   bool reported_unused_ = false;
   std::vector<std::string> unused_names_;
   GradientSyncStats stats_;
-  int64_t row_bucket_ = -1;          // index into buckets_, or -1
-  std::vector<int32_t> local_rows_;  // this optimiser step's row ids on this rank
-  torch::Tensor row_index_;          // the union over ranks, int64 on the parameters' device
+  std::vector<double> last_ready_before_end_;  // per bucket, of the last finish_backward()
+  int64_t row_bucket_ = -1;                    // index into buckets_, or -1
+  std::vector<int32_t> local_rows_;            // this optimiser step's row ids on this rank
+  torch::Tensor row_index_;  // the union over ranks, int64 on the parameters' device
 };
 
 // Copies rank 0's parameters and buffers to every rank (call once at start,

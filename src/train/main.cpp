@@ -73,6 +73,7 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
   model->to(device);
   auto comm = runtime::communicator_create(config.backend, device, config.mpi_allreduce);
   train::broadcast_module_state(*model, *comm);
+  const auto step_graph = train::setup_step_graph(config, device, *comm, log);  // --cuda-graph
   train::VqaOptimizer optimizer(
       model, train::optimizer_settings_from(config, steps_per_epoch * config.epochs));
   auto parameters = train::trainable_parameters(model);
@@ -106,6 +107,7 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
   train::TrainingParts parts{config, device, model,    optimizer, gradients,
                              *comm,  timer,  timeline, log};
   parts.profile = &profile;
+  parts.graph = step_graph.get();
 
   // ---- resume, report ---------------------------------------------------------
   train::TrainState state;

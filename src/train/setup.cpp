@@ -12,6 +12,7 @@
 #include "model/safetensors.h"     // SafetensorsFile
 #include "runtime/check.h"         // fatal_user_error
 #include "runtime/communicator.h"  // cuda_device_for, cuda_device_choice
+#include "runtime/cuda_graph.h"    // cuda_graph_unavailable_reason
 #include "runtime/distributed.h"   // distributed_gather_strings, distributed_broadcast_bytes
 #include "runtime/system_info.h"   // blas_description
 #include "train/checkpoint.h"      // checkpoint_latest, checkpoint_load, checkpoint_load_model
@@ -69,6 +70,14 @@ std::unique_ptr<LossScaler> setup_loss_scaler(const TrainConfig& config,
         "has no float16 autocast on the CPU)");
   }
   return scaler;
+}
+
+std::unique_ptr<StepGraph> setup_step_graph(const TrainConfig& config, const torch::Device& device,
+                                            const runtime::Communicator& comm, RunLog& log) {
+  const StepGraphPlan plan =
+      step_graph_plan(config, device, comm.backend(), runtime::cuda_graph_unavailable_reason());
+  if (const std::string line = step_graph_plan_describe(plan); !line.empty()) log.info(line);
+  return plan.capture ? std::make_unique<StepGraph>(device) : nullptr;
 }
 
 model::ModelConfig setup_model_config(const TrainConfig& config, const data::DatasetInfo& dataset) {

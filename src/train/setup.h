@@ -21,6 +21,7 @@
 #include "train/optimizer.h"       // VqaOptimizer, OptimizerSettings
 #include "train/run_log.h"         // RunLog
 #include "train/run_state.h"       // TrainState
+#include "train/step_graph.h"      // StepGraph
 #include "train/trainer.h"         // TrainingParts
 
 namespace vqa::train {
@@ -36,6 +37,12 @@ torch::Device setup_device(const TrainConfig& config, const runtime::RankInfo& r
 std::unique_ptr<LossScaler> setup_loss_scaler(const TrainConfig& config,
                                               const torch::Device& device, const TrainState& state,
                                               RunLog& log);
+
+// --cuda-graph: the step graph where capture can work on this device, build
+// and backend (step_graph_plan), nullptr otherwise; the log says which and
+// why.
+std::unique_ptr<StepGraph> setup_step_graph(const TrainConfig& config, const torch::Device& device,
+                                            const runtime::Communicator& comm, RunLog& log);
 
 // ---- data (setup_data.cpp) ----
 

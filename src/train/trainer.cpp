@@ -139,6 +139,39 @@ void timeline_add_collectives(TrainingParts& parts, int64_t global_step) {
   }
 }
 
+// The step captured into parts.graph (step_graph.h), and run by the graph's
+// first replay: forward, loss, backward and the buckets' averaging
+// (finish_backward) on `batch`, which becomes the graph's static input.
+// Autocast keeps no cache of casts inside a capture (autocast.h).
+torch::Tensor capture_step(TrainingParts& parts, const data::Batch& batch, int64_t epoch,
+                           int64_t global_step) {
+  parts.gradients.prepare_backward(/*sync=*/true);
+  const auto began = util::SteadyClock::now();
+  torch::Tensor loss = parts.graph->capture(batch, [&](const data::Batch& input) {
+    torch::Tensor captured;
+    {
+      AutocastScope autocast(parts.device, parts.config.autocast_dtype(), /*cache=*/false);
+      captured = vqa_loss(parts.model->forward(input.images, input.token_ids, input.attention_mask),
+                          input.targets);
+    }
+    (parts.scaler ? parts.scaler->scale(captured) : captured).backward();
+    parts.gradients.finish_backward();
+    return captured.detach();
+  });
+  parts.comm.watch_replayed_graph(parts.gradients.stats().bytes_per_step);
+  char line[200];
+  std::snprintf(line, sizeof(line),
+                "CUDA graph: captured at epoch %lld step %lld in %.2f s (%lld samples per rank, "
+                "images %lld x %lld px, questions of %lld tokens); later steps replay it",
+                static_cast<long long>(epoch), static_cast<long long>(global_step),
+                util::seconds_since(began), static_cast<long long>(batch.images.size(0)),
+                static_cast<long long>(batch.images.size(-1)),
+                static_cast<long long>(batch.images.size(-2)),
+                static_cast<long long>(batch.token_ids.size(1)));
+  parts.log.info(line);
+  return loss;
+}
+
 }  // namespace
 
 std::string first_nonfinite_parameter(model::M3AE& model, bool check_values) {
@@ -243,6 +276,9 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
   auto step_loss = torch::zeros_like(loss_sum);
   int64_t step_samples = 0;
   data::Batch host_batch;
+  // With a CUDA graph (one micro-step per step, step_graph_plan) the step's
+  // forward, backward and averaging are its replay, finish_backward included.
+  bool replayed = false;
   for (int64_t micro = 0; micro < config.accumulation_steps; ++micro) {
     faults.before_batch();
     if (!next_batch_or_exit(loader, host_batch)) {
@@ -251,7 +287,9 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
                                 std::to_string(state.global_step));
     }
     parts.timer.end_phase(Phase::kDataWait);
-    const data::Batch batch = batch_to_device(host_batch, parts.device);
+    replayed = parts.graph && parts.graph->replayable(host_batch);
+    const data::Batch batch = replayed ? data::Batch{} : batch_to_device(host_batch, parts.device);
+    if (replayed) parts.graph->load(host_batch);
     parts.timer.end_phase(Phase::kHostToDevice);
     if (micro == 0 && parts.gradients.sharded()) {
       // The previous step's parameter allgathers ran behind its optimiser
@@ -259,26 +297,41 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
       parts.gradients.wait_parameters();
       parts.timer.end_phase(Phase::kCommExposed);
     }
-    parts.gradients.prepare_backward(/*sync=*/micro == config.accumulation_steps - 1,
-                                     /*row_ids=*/host_batch.token_ids);
     const double cpu_before = util::thread_cpu_seconds();
     torch::Tensor loss;
-    {
-      AutocastScope autocast(parts.device, config.autocast_dtype());
-      loss = vqa_loss(parts.model->forward(batch.images, batch.token_ids, batch.attention_mask),
-                      batch.targets);
+    if (replayed) {
+      loss = parts.graph->replay();
+      parts.gradients.count_replayed_step();
+      parts.comm.watch_replayed_graph(parts.gradients.stats().bytes_per_step);
+      parts.timer.end_phase(Phase::kBackward);  // forward, backward and averaging as one
+    } else if (parts.graph && parts.graph->capture_due(host_batch, config.batch_per_rank)) {
+      loss = capture_step(parts, batch, epoch, state.global_step);
+      parts.timer.end_phase(Phase::kBackward);
+      replayed = true;
+    } else {
+      if (parts.graph) {
+        const std::string note = parts.graph->note_eager_step(host_batch, state.global_step);
+        if (!note.empty()) parts.log.info(note);
+      }
+      parts.gradients.prepare_backward(/*sync=*/micro == config.accumulation_steps - 1,
+                                       /*row_ids=*/host_batch.token_ids);
+      {
+        AutocastScope autocast(parts.device, config.autocast_dtype());
+        loss = vqa_loss(parts.model->forward(batch.images, batch.token_ids, batch.attention_mask),
+                        batch.targets);
+      }
+      faults.after_forward();
+      loss = faults.loss(loss, state.global_step);
+      parts.timer.end_phase(Phase::kForward);
+      const auto micro_loss = loss / static_cast<double>(config.accumulation_steps);
+      (parts.scaler ? parts.scaler->scale(micro_loss) : micro_loss).backward();
+      parts.timer.end_phase(Phase::kBackward);
     }
-    faults.after_forward();
-    loss = faults.loss(loss, state.global_step);
-    parts.timer.end_phase(Phase::kForward);
-    const auto micro_loss = loss / static_cast<double>(config.accumulation_steps);
-    (parts.scaler ? parts.scaler->scale(micro_loss) : micro_loss).backward();
-    parts.timer.end_phase(Phase::kBackward);
     compute_cpu_seconds += util::thread_cpu_seconds() - cpu_before;
     step_loss += loss.detach().to(torch::kFloat64) * static_cast<double>(host_batch.size());
     step_samples += host_batch.size();
   }
-  parts.gradients.finish_backward();
+  if (!replayed) parts.gradients.finish_backward();  // a replay's ran inside it
   parts.timer.end_phase(Phase::kCommExposed);
 
   // The averaged gradients are the same on every rank, so every rank takes
@@ -312,7 +365,7 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
     }
     parts.timer.end_phase(Phase::kOptimizer);
     parts.timer.end_step();
-    timeline_add_collectives(parts, state.global_step);
+    if (!replayed) timeline_add_collectives(parts, state.global_step);
     ++state.global_step;
     return learnt;
   }
@@ -366,7 +419,7 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
   }
   parts.timer.end_phase(Phase::kOptimizer);
   parts.timer.end_step();
-  if (applied) timeline_add_collectives(parts, state.global_step);
+  if (applied && !replayed) timeline_add_collectives(parts, state.global_step);
   ++state.global_step;
   return applied ? 0 : 1;
 }

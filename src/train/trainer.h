@@ -18,6 +18,7 @@
 #include "train/profile.h"         // OperatorProfile
 #include "train/run_log.h"         // RunLog
 #include "train/run_state.h"       // TrainState, EpochStats
+#include "train/step_graph.h"      // StepGraph
 #include "train/step_timer.h"      // StepTimer
 #include "train/timeline.h"        // Timeline
 
@@ -38,6 +39,7 @@ struct TrainingParts {
   RunLog& log;
   LossScaler* scaler = nullptr;        // --precision fp16, else none
   OperatorProfile* profile = nullptr;  // --profile, else none
+  StepGraph* graph = nullptr;          // --cuda-graph where capture works, else none
 };
 
 // Optimiser steps one epoch takes with this loader and configuration.

@@ -12,6 +12,11 @@
 #   2. runs the communicator tests (their NCCL cases need the GPU; they SKIP
 #      without one) and vqa_allreduce_bench with NCCL (a wrong element makes
 #      it fail);
+#   2b. a CUDA graph against the eager path: 20 optimiser steps of the
+#      preset in bfloat16 with --cuda-graph true and without it (questions
+#      padded alike, dropout 0), per-epoch losses within 1e-2 relative (see
+#      the stage); on the CPU (VQA_GPU_DEVICE=cpu, 4 steps) the graph run is
+#      eager and must say so and match to the last bit;
 #   3. trains the base preset in bfloat16 on 1 rank (NCCL refuses two ranks
 #      on one GPU) with 2 accumulation steps, --bf16-allreduce, evaluation and
 #      a checkpoint every epoch, then resumes it for one more epoch with
@@ -31,7 +36,7 @@
 # 2 x 16 per epoch), VQA_GPU_BATCH (per micro-step, default 16), VQA_GPU_STEPS
 # (optimiser steps per epoch, default 0: all), VQA_GPU_PRESET
 # (default base), VQA_GPU_UNTIL (the last stage to run: prefix, preflight,
-# build, communicator, bench, sweep or train, the default), VQA_GPU_BENCH=1
+# build, communicator, graph, bench, sweep or train, the default), VQA_GPU_BENCH=1
 # (stage bench after the communicator: jobs/bench_gpu.sh's side-by-side
 # table of vqa_train and PyTorch on this GPU), VQA_GPU_SWEEP (stage sweep,
 # below), TORCH_DIR (LibTorch's CMake folder; default: the one of
@@ -59,8 +64,8 @@ die() { say "FAILED: $*"; exit 1; }
 stage_start=0
 stage() { stage_start=$(date +%s); stage_name=$1; }
 until_stage=${VQA_GPU_UNTIL:-train}
-case $until_stage in prefix | preflight | build | communicator | bench | sweep | train) ;; *)
-  echo "gpu-check: VQA_GPU_UNTIL must be prefix, preflight, build, communicator, bench, sweep or train, got '$until_stage'" >&2
+case $until_stage in prefix | preflight | build | communicator | graph | bench | sweep | train) ;; *)
+  echo "gpu-check: VQA_GPU_UNTIL must be prefix, preflight, build, communicator, graph, bench, sweep or train, got '$until_stage'" >&2
   exit 2 ;;
 esac
 stage_done() {
@@ -188,6 +193,55 @@ if [[ $device == cuda ]]; then
     >"$out/allreduce_bench.log" 2>&1 || { tail -n 20 "$out/allreduce_bench.log"; die "vqa_allreduce_bench"; }
   grep -v '^#' "$out/allreduce_bench.log" | tail -n 3 | sed 's/^/gpu-check:   /' | tee -a "$summary"
 fi
+stage_done
+
+# ---- 2b. graph: a CUDA-graph run against the eager run, 20 steps -------------------
+# The same 20 optimiser steps (5 epochs of 4, batch VQA_GPU_BATCH, bfloat16,
+# dropout 0 so that no random draw differs) with --cuda-graph true and with
+# --trim-text-padding false (the graph run pads questions the same way).
+# Tolerance: each epoch's mean training loss within 1e-2 relative. A replay
+# runs the kernels the eager step launches, on the same inputs, so only
+# bfloat16 rounding in kernels whose reduction order may differ between a
+# captured and an eager launch (cuBLAS's choice of algorithm for a stream) is
+# allowed for: bfloat16 keeps 8 bits (3.9e-3 relative per rounding), and 20
+# steps of AdamW carry a difference forward.
+# On the CPU (a dry run: no graph, the reference BLAS of the bare root) 2
+# epochs of 2 steps.
+stage graph
+graph_precision=bf16 graph_epochs=5 graph_steps=4
+[[ $device == cpu ]] && graph_precision=fp32 graph_epochs=2 graph_steps=2
+graph_flags=(--train-data "$bundle/synth384.h5" --preset "$preset" --device "$device"
+  --global-batch "$batch" --batch-per-rank "$batch" --precision "$graph_precision" --dropout 0
+  --epochs "$graph_epochs" --max-steps-per-epoch "$graph_steps" --eval-every 0 --save-every 0
+  --progress off)
+rm -rf "$work/run-graph" "$work/run-eager"
+mpirun -np 1 "$work/build/vqa_train" "${graph_flags[@]}" --out "$work/run-graph" \
+  --cuda-graph true >"$out/graph.log" 2>&1 || { tail -n 30 "$out/graph.log"; die "CUDA graph run"; }
+mpirun -np 1 "$work/build/vqa_train" "${graph_flags[@]}" --out "$work/run-eager" \
+  --trim-text-padding false >"$out/graph_eager.log" 2>&1 ||
+  { tail -n 30 "$out/graph_eager.log"; die "eager run beside the CUDA graph run"; }
+if [[ $device == cpu ]]; then
+  grep -q 'CUDA graph: eager steps (the device is the CPU)' "$out/graph.log" ||
+    die "the CPU run did not say why it took no CUDA graph"
+  graph_tolerance=0
+else
+  grep -q 'CUDA graph: captured' "$out/graph.log" || die "no CUDA graph was captured (graph.log)"
+  graph_tolerance=1e-2
+fi
+say "  $(grep -m1 -o 'CUDA graph: [a-z].*' "$out/graph.log")"
+"$python" - "$work/run-graph/metrics.jsonl" "$work/run-eager/metrics.jsonl" "$graph_tolerance" \
+  "$graph_epochs" "$graph_steps" <<'PY' | tee -a "$summary" || die "CUDA graph and eager losses differ (above)"
+import json, sys
+graph, eager = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+tolerance, epochs, steps = float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+worst = max(abs(g["train_loss"] - e["train_loss"]) / abs(e["train_loss"]) for g, e in zip(graph, eager))
+rate = lambda runs: sorted(r["samples_per_second"] for r in runs[1:])[len(runs[1:]) // 2]
+print(f"gpu-check:   graph vs eager, {len(graph)} epochs of {steps} steps: losses "
+      f"{', '.join('%.5f/%.5f' % (g['train_loss'], e['train_loss']) for g, e in zip(graph, eager))}; "
+      f"worst relative difference {worst:.2e} (tolerance {tolerance:g}); samples/s "
+      f"{rate(graph):.1f} graph, {rate(eager):.1f} eager (medians after the first epoch)")
+sys.exit(0 if len(graph) == len(eager) == epochs and worst <= tolerance else 1)
+PY
 stage_done
 
 # ---- bench (optional): vqa_train and PyTorch side by side (jobs/bench_gpu.sh) ----

@@ -14,6 +14,7 @@ declare -A floor=(
   [version.h]=0 [version.cpp]=0 [system_info.h]=0 [system_info.cpp]=0
   [memory_usage.h]=0 [memory_usage.cpp]=0 [stream_clock.h]=0 [stream_clock.cpp]=0
   [stop_request.h]=0 [stop_request.cpp]=0 [allreduce_choice.h]=0 [allreduce_choice.cpp]=0
+  [cuda_graph.h]=0 [cuda_graph.cpp]=0
   # 1: the MPI calls behind the scalar and string collectives
   [mpi_collectives.h]=1 [mpi_collectives.cpp]=1
   # 2: the collective watchdog and the trackers it reads; the start-up check

@@ -165,6 +165,10 @@ std::vector<Case> cases() {
   table.push_back({train, "--timeline " + directory(), "--timeline", {directory()}});
   table.push_back(
       {train, "--crop-scale-min 0.9 --crop-scale-max 0.5", "--crop-scale-min", {"0.9"}});
+  table.push_back({train,
+                   "--cuda-graph true --sparse-embedding-sync on",
+                   "--sparse-embedding-sync",
+                   {"--cuda-graph", "on"}});
 
   // The other programs.
   const std::string prep = std::string(VQA_PREP);

@@ -2,7 +2,8 @@
 // equivalence, exact resume, resume at another rank count, a stop signal
 // (checkpoint, exit 75, exact resume mid-epoch), refusal of a global batch
 // that does not divide, gradient clipping and the bfloat16 allreduce; the
-// same equivalence and exact resume with the random resized crop on.
+// same equivalence and exact resume with the random resized crop on;
+// --cuda-graph where capture cannot work.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -168,6 +169,31 @@ TEST_F(TrainingRuns, ClippingMatchesAcrossRankCountsAndBf16AllreduceStaysClose) 
   EXPECT_LT(clipped, 1e-5);
   EXPECT_GT(clip_effect, 1e-4);
   EXPECT_LT(bf16, 2e-2);
+}
+
+// --cuda-graph where capture cannot work (here the CPU) runs every step
+// eagerly with the questions padded to the dataset's length: the same
+// parameters to the last bit as --trim-text-padding false, and train.log says
+// why there is no graph; --sparse-embedding-sync auto then keeps the whole
+// table (a graph replays fixed shapes).
+TEST_F(TrainingRuns, CudaGraphWhereCaptureCannotWorkIsTheEagerPathWithPaddedQuestions) {
+  const std::string common =
+      " --epochs 1 --max-steps-per-epoch 6 --global-batch 16 --batch-per-rank 8 "
+      "--eval-every 0 ";
+  const auto checkpoint = "/checkpoints/epoch-0000.pt";
+  const auto graph = load_model(train("graph-cpu", 2, common + "--cuda-graph true") + checkpoint);
+  const std::string graph_output = last_output_;
+  const auto padded = load_model(
+      train("padded", 2, common + "--trim-text-padding false --sparse-embedding-sync off") +
+      checkpoint);
+  EXPECT_EQ(vqa::testing::differing_tensors(graph, padded), "");
+  EXPECT_NE(graph_output.find("CUDA graph: eager steps (the device is the CPU)"), std::string::npos)
+      << graph_output;
+  EXPECT_NE(graph_output.find("word embedding sync: whole table (--sparse-embedding-sync auto "
+                              "with --cuda-graph"),
+            std::string::npos)
+      << graph_output;
+  EXPECT_EQ(graph_output.find("CUDA graph: captured"), std::string::npos) << graph_output;
 }
 
 TEST_F(TrainingRuns, ResumeContinuesExactlyAndAtAnotherRankCount) {

@@ -1,0 +1,93 @@
+#include "train/step_graph.h"
+
+#include <sstream>
+
+#include "runtime/check.h"  // VQA_CHECK
+
+namespace vqa::train {
+
+namespace {
+
+// "[16, 3, 384, 384]" and so on, for the log.
+std::string shape_text(const torch::Tensor& tensor) {
+  std::ostringstream text;
+  text << tensor.sizes();
+  return text.str();
+}
+
+bool same_shape(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.defined() && b.defined() && a.sizes() == b.sizes();
+}
+
+}  // namespace
+
+StepGraphPlan step_graph_plan(const TrainConfig& config, const torch::Device& device,
+                              runtime::Backend backend, const std::string& unavailable) {
+  if (!config.cuda_graph) return {};
+  if (!device.is_cuda()) return {false, "the device is the CPU"};
+  if (!unavailable.empty()) return {false, unavailable};
+  if (backend == runtime::Backend::kMpi && config.world_size > 1 && !config.no_comm) {
+    return {false, "the MPI backend's collectives run on the host; NCCL's are captured"};
+  }
+  if (config.accumulation_steps > 1) {
+    return {false, std::to_string(config.accumulation_steps) +
+                       " micro-steps per optimiser step (accumulation): one graph is captured "
+                       "only for one micro-step per step"};
+  }
+  if (config.faults.nan_step >= 0 || config.faults.slow_rank >= 0) {
+    return {false, "a --test-nan-step or --test-slow-rank fault acts inside the step"};
+  }
+  return {true, ""};
+}
+
+std::string step_graph_plan_describe(const StepGraphPlan& plan) {
+  if (plan.capture) {
+    return "CUDA graph: on: after " + std::to_string(StepGraph::kWarmupSteps) +
+           " eager steps, each step's forward, backward and gradient averaging replay as one "
+           "graph; questions padded to the dataset's length";
+  }
+  if (!plan.reason.empty()) return "CUDA graph: eager steps (" + plan.reason + ")";
+  return "";
+}
+
+StepGraph::StepGraph(const torch::Device& device) : graph_(device) {}
+
+bool StepGraph::replayable(const data::Batch& host_batch) const {
+  return graph_.captured() && same_shape(host_batch.images, input_.images) &&
+         same_shape(host_batch.token_ids, input_.token_ids) &&
+         same_shape(host_batch.attention_mask, input_.attention_mask) &&
+         same_shape(host_batch.targets, input_.targets);
+}
+
+std::string StepGraph::note_eager_step(const data::Batch& host_batch, int64_t global_step) {
+  ++eager_steps_;
+  if (!graph_.captured() || reported_shape_) return "";
+  reported_shape_ = true;
+  return "CUDA graph: step " + std::to_string(global_step) + " runs eagerly: its batch (images " +
+         shape_text(host_batch.images) + ", questions " + shape_text(host_batch.token_ids) +
+         ") is not of the captured shapes (" + shape_text(input_.images) + ", " +
+         shape_text(input_.token_ids) + "); later such steps are not logged";
+}
+
+torch::Tensor StepGraph::capture(const data::Batch& device_batch,
+                                 const std::function<torch::Tensor(const data::Batch&)>& step) {
+  input_ = device_batch;
+  graph_.capture([&] { loss_ = step(input_); });
+  graph_.replay();
+  return loss_;
+}
+
+void StepGraph::load(const data::Batch& host_batch) {
+  VQA_CHECK(replayable(host_batch), "a batch of shapes the CUDA graph was not captured for");
+  input_.images.copy_(host_batch.images, /*non_blocking=*/true);
+  input_.token_ids.copy_(host_batch.token_ids, /*non_blocking=*/true);
+  input_.attention_mask.copy_(host_batch.attention_mask, /*non_blocking=*/true);
+  input_.targets.copy_(host_batch.targets, /*non_blocking=*/true);
+}
+
+torch::Tensor StepGraph::replay() {
+  graph_.replay();
+  return loss_;
+}
+
+}  // namespace vqa::train

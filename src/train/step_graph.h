@@ -1,0 +1,90 @@
+// --cuda-graph: each optimiser step's forward and backward, with the bucket
+// allreduces backward launches (NCCL), replayed as one CUDA graph.
+//
+// A base-size step dispatches about 15,000 operators (README "Operators per
+// step"); on a GPU the host's time to launch them is a fixed cost per step
+// that a graph removes. The first kWarmupSteps steps run eagerly (cuBLAS,
+// NCCL and the allocator settle, the optimiser's state is made); the next one
+// is captured on a side stream: its batch's device copy becomes the graph's
+// static input, its forward, loss, backward and gradient averaging are
+// recorded (runtime/cuda_graph.h), and the graph is replayed to run it. Every
+// later step copies its batch into the static input and replays. Non-finite
+// checks, clipping and the optimiser run eagerly after the replay (their
+// few fused kernels, and the learning rate the host sets each step).
+//
+// Shapes are fixed for the replay: --cuda-graph pads every question to the
+// dataset's length (as --trim-text-padding false); a batch of another shape
+// (a short last batch) runs eagerly, and the log says so once. Where capture
+// cannot work the whole run is eager and train.log says why
+// (step_graph_plan).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "data/loader.h"           // Batch
+#include "runtime/communicator.h"  // Backend
+#include "runtime/cuda_graph.h"    // CudaGraph
+#include "train/config.h"          // TrainConfig
+
+namespace vqa::train {
+
+struct StepGraphPlan {
+  bool capture = false;
+  // Asked for but not possible: why, for train.log; "" otherwise.
+  std::string reason;
+};
+
+// Whether this run captures its steps: --cuda-graph, on a CUDA device, in a
+// build that can capture (`unavailable` is runtime::cuda_graph_unavailable_reason()),
+// with collectives that run on the device (NCCL, or none), one micro-step
+// per optimiser step, and no test fault inside the step.
+StepGraphPlan step_graph_plan(const TrainConfig& config, const torch::Device& device,
+                              runtime::Backend backend, const std::string& unavailable);
+
+// The line train.log gets for the plan ("" when --cuda-graph is off).
+std::string step_graph_plan_describe(const StepGraphPlan& plan);
+
+class StepGraph {
+ public:
+  // Eager optimiser steps before the capture.
+  static constexpr int64_t kWarmupSteps = 3;
+
+  explicit StepGraph(const torch::Device& device);
+
+  // True when the graph is captured and `host_batch` has its shapes.
+  bool replayable(const data::Batch& host_batch) const;
+  // True when this step is to be captured: the warm-up steps have run,
+  // nothing is captured yet, and `host_batch` is a full one of `full_batch`
+  // samples (a short last batch is left to the eager path).
+  bool capture_due(const data::Batch& host_batch, int64_t full_batch) const {
+    return !graph_.captured() && eager_steps_ >= kWarmupSteps && host_batch.size() == full_batch;
+  }
+  // An eager step ran (counts the warm-up). With `host_batch` of a shape
+  // other than the captured one, returns the log line for the first such
+  // step ("" otherwise).
+  std::string note_eager_step(const data::Batch& host_batch, int64_t global_step);
+
+  // Captures `step` (forward, loss, backward, averaging; returns the loss)
+  // on `device_batch`, which becomes the static input, then replays it once
+  // to run this step. Returns the loss (the static output of every replay).
+  torch::Tensor capture(const data::Batch& device_batch,
+                        const std::function<torch::Tensor(const data::Batch&)>& step);
+  // Copies a host batch of the captured shapes into the static input
+  // (non-blocking, from the loader's pinned memory, on the current stream).
+  void load(const data::Batch& host_batch);
+  // Replays the step on the static input; returns the loss (the static output).
+  torch::Tensor replay();
+
+ private:
+  runtime::CudaGraph graph_;
+  data::Batch input_;   // the static input: the captured step's device batch
+  torch::Tensor loss_;  // the static output
+  int64_t eager_steps_ = 0;
+  bool reported_shape_ = false;
+};
+
+}  // namespace vqa::train

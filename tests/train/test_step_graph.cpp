@@ -1,0 +1,134 @@
+// --cuda-graph's plan (train/step_graph.h): which runs capture their steps
+// and, for the others, the reason train.log gives; and how a replayed step
+// counts in the gradient buckets' statistics (under mpirun, 1 and 2 ranks).
+// The capture itself needs a GPU (tests/gpu/check.sh compares graph and
+// eager losses there); here a CUDA device is only named, never used.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "runtime/communicator.h"  // communicator_create
+#include "runtime/cuda_graph.h"    // cuda_graph_unavailable_reason
+#include "train/gradient_sync.h"   // GradientSynchronizer
+#include "train/step_graph.h"      // step_graph_plan
+
+namespace {
+
+using vqa::runtime::Backend;
+using vqa::train::step_graph_plan;
+using vqa::train::step_graph_plan_describe;
+using vqa::train::TrainConfig;
+
+const torch::Device kGpu(torch::kCUDA, 0);
+
+TrainConfig graph_config(int world_size) {
+  TrainConfig config;
+  config.cuda_graph = true;
+  config.world_size = world_size;
+  config.accumulation_steps = 1;
+  return config;
+}
+
+TEST(StepGraphPlan, CapturesWhereEveryConditionHolds) {
+  for (const Backend backend : {Backend::kNccl, Backend::kMpi}) {
+    // One rank sends nothing, so the MPI backend does not matter there.
+    const auto plan = step_graph_plan(graph_config(1), kGpu, backend, /*unavailable=*/"");
+    EXPECT_TRUE(plan.capture);
+    EXPECT_EQ(plan.reason, "");
+  }
+  const auto two = step_graph_plan(graph_config(2), kGpu, Backend::kNccl, "");
+  EXPECT_TRUE(two.capture);
+  EXPECT_NE(step_graph_plan_describe(two).find("CUDA graph: on: after 3 eager steps"),
+            std::string::npos);
+  auto no_comm = graph_config(2);
+  no_comm.no_comm = true;
+  EXPECT_TRUE(step_graph_plan(no_comm, kGpu, Backend::kMpi, "").capture);
+}
+
+TEST(StepGraphPlan, OffSaysNothing) {
+  auto config = graph_config(2);
+  config.cuda_graph = false;
+  const auto plan = step_graph_plan(config, kGpu, Backend::kNccl, "");
+  EXPECT_FALSE(plan.capture);
+  EXPECT_EQ(step_graph_plan_describe(plan), "");
+}
+
+TEST(StepGraphPlan, EachObstacleIsNamed) {
+  struct Row {
+    TrainConfig config;
+    torch::Device device;
+    Backend backend;
+    std::string unavailable;
+    std::string reason_part;
+  };
+  auto accumulation = graph_config(2);
+  accumulation.accumulation_steps = 4;
+  auto nan_fault = graph_config(2);
+  nan_fault.faults.nan_step = 3;
+  auto slow_fault = graph_config(2);
+  slow_fault.faults.slow_rank = 1;
+  const std::vector<Row> rows = {
+      {graph_config(2), torch::Device(torch::kCPU), Backend::kMpi, "", "the device is the CPU"},
+      {graph_config(2), kGpu, Backend::kNccl, "no CUDA here", "no CUDA here"},
+      {graph_config(2), kGpu, Backend::kMpi, "", "the MPI backend's collectives run on the host"},
+      {accumulation, kGpu, Backend::kNccl, "", "4 micro-steps per optimiser step"},
+      {nan_fault, kGpu, Backend::kNccl, "", "--test-nan-step"},
+      {slow_fault, kGpu, Backend::kNccl, "", "--test-slow-rank"},
+  };
+  for (const auto& row : rows) {
+    const auto plan = step_graph_plan(row.config, row.device, row.backend, row.unavailable);
+    EXPECT_FALSE(plan.capture) << row.reason_part;
+    EXPECT_NE(plan.reason.find(row.reason_part), std::string::npos) << plan.reason;
+    EXPECT_EQ(step_graph_plan_describe(plan), "CUDA graph: eager steps (" + plan.reason + ")");
+  }
+}
+
+// A CPU LibTorch (1.13 or 2.x) says why it cannot capture, and refuses a graph.
+TEST(StepGraphPlan, BuildWithoutCudaGraphsGivesItsReason) {
+  const std::string reason = vqa::runtime::cuda_graph_unavailable_reason();
+  if (reason.empty()) {
+    GTEST_SKIP() << "this build captures CUDA graphs (tests/gpu/check.sh runs them on a GPU)";
+  }
+  EXPECT_NE(reason.find("LibTorch"), std::string::npos) << reason;
+  EXPECT_THROW(vqa::runtime::CudaGraph graph(kGpu), std::runtime_error);
+}
+
+// A replayed step ran the captured step's collectives inside the graph:
+// count_replayed_step() adds what that step added (bytes per bucket, each
+// bucket's launch before the end of backward), so per-step means, the
+// diagnosis and the projection stay those of a real step. Exact: the sums
+// double.
+TEST(StepGraphCounting, ReplayedStepCountsAsTheStepBefore) {
+  auto comm = vqa::runtime::communicator_create(Backend::kMpi, torch::kCPU);
+  torch::manual_seed(1);
+  torch::nn::Linear first(64, 64), second(64, 8);
+  std::vector<vqa::train::NamedTensor> parameters;
+  for (const auto& item : first->named_parameters()) {
+    parameters.push_back({"first." + item.key(), item.value()});
+  }
+  for (const auto& item : second->named_parameters()) {
+    parameters.push_back({"second." + item.key(), item.value()});
+  }
+  vqa::train::GradientSyncOptions options;
+  options.bucket_mb = 0.01;  // 10 KiB: the first layer's weight (16 KiB) is a bucket of its own
+  vqa::train::GradientSynchronizer gradients(parameters, *comm, options);
+  gradients.prepare_backward(/*sync=*/true);
+  second->forward(first->forward(torch::randn({4, 64}))).sum().backward();
+  gradients.finish_backward();
+  const auto once = gradients.stats();
+  ASSERT_EQ(once.synchronised_steps, 1);
+  ASSERT_GE(once.buckets, 2);
+  ASSERT_GT(once.sent_bytes, 0);
+
+  gradients.count_replayed_step();
+  const auto twice = gradients.stats();
+  EXPECT_EQ(twice.synchronised_steps, 2);
+  EXPECT_EQ(twice.sent_bytes, 2 * once.sent_bytes);
+  EXPECT_EQ(twice.bytes_per_step, once.bytes_per_step);
+  ASSERT_EQ(twice.sent_bytes_sums.size(), once.sent_bytes_sums.size());
+  for (size_t k = 0; k < once.sent_bytes_sums.size(); ++k) {
+    EXPECT_EQ(twice.sent_bytes_sums[k], 2 * once.sent_bytes_sums[k]) << "bucket " << k;
+    EXPECT_EQ(twice.ready_before_end_sums[k], 2 * once.ready_before_end_sums[k]) << "bucket " << k;
+  }
+}
+
+}  // namespace
