@@ -26,7 +26,7 @@ StepGraphPlan step_graph_plan(const TrainConfig& config, const torch::Device& de
   if (!config.cuda_graph) return {};
   if (!device.is_cuda()) return {false, "the device is the CPU"};
   if (!unavailable.empty()) return {false, unavailable};
-  if (backend == runtime::Backend::kMpi && config.world_size > 1 && !config.no_comm) {
+  if (backend == runtime::Backend::kMpi && !config.no_comm) {
     return {false, "the MPI backend's collectives run on the host; NCCL's are captured"};
   }
   if (config.accumulation_steps > 1) {
