@@ -42,6 +42,17 @@ inline const util::ModeNames<SparseEmbeddingSync> kSparseEmbeddingSyncNames = {
     {"on", SparseEmbeddingSync::kOn},
     {"off", SparseEmbeddingSync::kOff}};
 
+// q, k and v in one GEMM (model/layers.h): on, off, or auto (on on a GPU,
+// where it measured faster, off on the CPU, where it did not). "true" and
+// "false" are the option's older spellings.
+enum class PackedAttention { kAuto, kOn, kOff };
+inline const util::ModeNames<PackedAttention> kPackedAttentionNames = {
+    {"auto", PackedAttention::kAuto},
+    {"on", PackedAttention::kOn},
+    {"off", PackedAttention::kOff},
+    {"true", PackedAttention::kOn},
+    {"false", PackedAttention::kOff}};
+
 // Test-only fault injection, for the tests of the diagnosis, of non-finite
 // values and of preemption; settable from the command line (--test-*) like
 // every other option, never set in a real run.
@@ -101,7 +112,7 @@ struct TrainConfig {
   // loss scaling (on the CPU the loss scaler around float32)
   Precision precision = Precision::kFp32;
   int64_t loss_scale_interval = 2000;  // fp16: finite steps before the scale doubles
-  bool packed_attention = false;       // one GEMM for q, k, v (measured slower on CPU: README)
+  PackedAttention packed_attention = PackedAttention::kAuto;  // one GEMM for q, k, v
   bool cuda_graph = false;  // GPU: replay each step's forward and backward as a CUDA graph
   bool no_comm = false;     // benchmark only: skip the gradient allreduce (ranks diverge)
   double comm_timeout = runtime::kDefaultCollectiveTimeoutSeconds;  // per collective; 0: none

@@ -10,7 +10,6 @@
 #include <cstdio>
 
 #include "data/hdf5_crash.h"       // hdf5_crash_report_install
-#include "model/layers.h"          // set_packed_projections
 #include "model/m3ae.h"            // M3AE
 #include "runtime/check.h"         // rank_label
 #include "runtime/communicator.h"  // communicator_create
@@ -68,7 +67,7 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
   const model::ModelConfig model_config = train::setup_model_config(config, train_loader.info());
   torch::manual_seed(config.seed);
   model::M3AE model(model_config);
-  model::set_packed_projections(*model, config.packed_attention);
+  train::setup_packed_attention(config, device, model, log);
   const std::string initialized_from = train::init_model_if_asked(config, model, log);
   model->to(device);
   auto comm = runtime::communicator_create(config.backend, device, config.mpi_allreduce);

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <thread>
 
+#include "model/layers.h"          // set_packed_projections
 #include "model/m3ae_import.h"     // m3ae_import
 #include "model/safetensors.h"     // SafetensorsFile
 #include "runtime/check.h"         // fatal_user_error
@@ -70,6 +71,20 @@ std::unique_ptr<LossScaler> setup_loss_scaler(const TrainConfig& config,
         "has no float16 autocast on the CPU)");
   }
   return scaler;
+}
+
+bool packed_attention_wanted(PackedAttention mode, const torch::Device& device) {
+  return mode == PackedAttention::kOn || (mode == PackedAttention::kAuto && device.is_cuda());
+}
+
+void setup_packed_attention(const TrainConfig& config, const torch::Device& device,
+                            model::M3AE& model, RunLog& log) {
+  const bool packed = packed_attention_wanted(config.packed_attention, device);
+  model::set_packed_projections(*model, packed);
+  if (packed) {
+    log.info(std::string("attention: q, k and v in one GEMM (--packed-attention ") +
+             util::mode_name(config.packed_attention, kPackedAttentionNames) + ")");
+  }
 }
 
 std::unique_ptr<StepGraph> setup_step_graph(const TrainConfig& config, const torch::Device& device,

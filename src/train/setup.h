@@ -38,6 +38,15 @@ std::unique_ptr<LossScaler> setup_loss_scaler(const TrainConfig& config,
                                               const torch::Device& device, const TrainState& state,
                                               RunLog& log);
 
+// --packed-attention: whether q, k and v go in one GEMM on `device` (on, or
+// auto on a GPU).
+bool packed_attention_wanted(PackedAttention mode, const torch::Device& device);
+
+// Packs every attention of `model` where packed_attention_wanted; the log
+// says so when packed.
+void setup_packed_attention(const TrainConfig& config, const torch::Device& device,
+                            model::M3AE& model, RunLog& log);
+
 // --cuda-graph: the step graph where capture can work on this device, build
 // and backend (step_graph_plan), nullptr otherwise; the log says which and
 // why.

@@ -34,11 +34,13 @@ OptionTable& OptionTable::add_list(const char* name, std::vector<std::string>* f
 }
 
 OptionTable& OptionTable::add_choice(const char* name, std::string* field, const char* help,
-                                     std::vector<std::string> choices) {
+                                     std::vector<std::string> choices, const char* implicit) {
   std::string listed;
   for (const auto& choice : choices) listed += (listed.empty() ? "" : " | ") + choice;
   const std::string text = std::string(help) + " [" + listed + "]";
-  description_.add_options()(name, po::value(field)->default_value(*field, *field), text.c_str());
+  auto* semantic = po::value(field)->default_value(*field, *field);
+  if (implicit) semantic->implicit_value(implicit, implicit);
+  description_.add_options()(name, semantic, text.c_str());
   remember(name, [field] { return *field; });
   check(name, [field, choices, listed]() -> std::string {
     if (std::find(choices.begin(), choices.end(), *field) != choices.end()) return "";

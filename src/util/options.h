@@ -83,19 +83,21 @@ class OptionTable {
     });
     return *this;
   }
-  // A text option that takes one of `choices` (help lists them).
+  // A text option that takes one of `choices` (help lists them); with
+  // `implicit`, the option alone (`--name`) means that choice.
   OptionTable& add_choice(const char* name, std::string* field, const char* help,
-                          std::vector<std::string> choices);
+                          std::vector<std::string> choices, const char* implicit = nullptr);
   // A mode: the command line and the INI file give one of the texts in
   // `names`, parse() sets the field to its value; help lists the texts, and
   // values() prints the field's value (also when it changed after parsing).
   template <typename Enum, typename = std::enable_if_t<std::is_enum_v<Enum>>>
-  OptionTable& add_choice(const char* name, Enum* field, const char* help, ModeNames<Enum> names) {
+  OptionTable& add_choice(const char* name, Enum* field, const char* help, ModeNames<Enum> names,
+                          const char* implicit = nullptr) {
     std::string& text =
         *mode_texts_.emplace_back(std::make_unique<std::string>(mode_name(*field, names)));
     std::vector<std::string> choices;
     for (const auto& entry : names) choices.push_back(entry.first);
-    add_choice(name, &text, help, std::move(choices));
+    add_choice(name, &text, help, std::move(choices), implicit);
     printers_.back().second = [field, names] { return mode_name(*field, names); };
     // After add_choice's check has refused any other text.
     check(name, [field, &text, names]() -> std::string {

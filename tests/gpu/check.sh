@@ -173,7 +173,7 @@ cmake -S "$source_dir" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DMPI_C_COMPILER="$work/bin/mpicc" -DVQA_OPENCV_INCLUDE_DIR="$usr/include/opencv4" \
   "${nccl_flags[@]}" >"$out/configure.log" 2>&1 || { tail -n 30 "$out/configure.log"; die "configure"; }
 grep 'vqa-hpc:' "$out/configure.log" | sed 's/^-- /gpu-check:   /' | tee -a "$summary"
-cmake --build "$work/build" --parallel "$(nproc)" --target vqa_train vqa_allreduce_bench \
+cmake --build "$work/build" --parallel "$(nproc)" --target vqa_train vqa_project vqa_allreduce_bench \
   test_communicator >"$out/build.log" 2>&1 || { grep -A8 -E 'error|FAILED' "$out/build.log" | head -n 60; die "build"; }
 stage_done
 
@@ -199,7 +199,8 @@ stage_done
 # The same 20 optimiser steps (5 epochs of 4, batch VQA_GPU_BATCH, bfloat16,
 # dropout 0 so that no random draw differs) with --cuda-graph true and with
 # --trim-text-padding false (the graph run pads questions the same way).
-# Tolerance: each epoch's mean training loss within 1e-2 relative. A replay
+# Tolerance: each epoch's mean training loss within 1e-2 relative. Then the
+# projection to 8 and 64 GPUs from each run (vqa_project) on four fabrics. A replay
 # runs the kernels the eager step launches, on the same inputs, so only
 # bfloat16 rounding in kernels whose reduction order may differ between a
 # captured and an eager launch (cuBLAS's choice of algorithm for a stream) is
@@ -242,6 +243,17 @@ print(f"gpu-check:   graph vs eager, {len(graph)} epochs of {steps} steps: losse
       f"{rate(graph):.1f} graph, {rate(eager):.1f} eager (medians after the first epoch)")
 sys.exit(0 if len(graph) == len(eager) == epochs and worst <= tolerance else 1)
 PY
+# The scaling figures from both 1-GPU runs (their last epoch's diagnosis.json):
+# what the faster step costs in communication on each fabric. Whole tables
+# in $out/projection_RUN_FABRIC.txt; the summary keeps 8 and 64 ranks.
+for fabric in nvlink-h100 ib-ndr pcie-no-p2p 1gbe; do
+  for run in graph eager; do
+    "$work/build/vqa_project" "$work/run-$run/diagnosis.json" --fabric "$fabric" --max-ranks 64 \
+      >"$out/projection_${run}_$fabric.txt" 2>&1 ||
+      { cat "$out/projection_${run}_$fabric.txt"; die "vqa_project on the $run run"; }
+    say "  projection $fabric, $run step: $(awk '$1 == 8 || $1 == 64 { b = $8; for (i = 9; i <= NF; i++) b = b " " $i; printf "%s ranks %s samples/s efficiency %s (%s); ", $1, $6, $7, b }' "$out/projection_${run}_$fabric.txt")"
+  done
+done
 stage_done
 
 # ---- bench (optional): vqa_train and PyTorch side by side (jobs/bench_gpu.sh) ----

@@ -141,8 +141,9 @@ std::vector<Case> cases() {
           {train, option + " " + values[i], option, {values[i], printed(values[i])}, i == 0});
     }
   }
-  for (const char* mode : {"device", "backend", "mpi-allreduce", "precision", "progress",
-                           "nonfinite", "optimizer-recipe", "augment", "preset"}) {
+  for (const char* mode :
+       {"device", "backend", "mpi-allreduce", "precision", "progress", "nonfinite",
+        "optimizer-recipe", "augment", "preset", "packed-attention"}) {
     const std::string option = std::string("--") + mode;
     table.push_back({train, option + " bogus", option, {"bogus"}});
   }
