@@ -8,6 +8,10 @@
 #   vqa-hpc-graph             vqa_train in bf16 with --cuda-graph true (each
 #                             step's forward and backward replayed as one CUDA
 #                             graph; GRAPH=0 leaves the row out)
+#   vqa-hpc-crop              the same with --augment resized-crop (SLAKE's
+#                             random resized crop of 512 px sources, on the
+#                             default crop threads): does the loader keep up
+#                             with the fast step? (CROP=0 leaves it out)
 #   pytorch-eager             jobs/ddp_reference.py as a PyTorch user who knows
 #                             the library writes it: bf16 autocast,
 #                             F.scaled_dot_product_attention, fused AdamW, no DDP
@@ -33,6 +37,8 @@
 #                 2 steps (vqa_train: --profile over the last 2 steps of its
 #                 first epoch; PyTorch: torch.profiler over 2 steps after the
 #                 timed ones, counted the same way)
+#   data_%        vqa_train: rank 0's wait for the loader's next batch, in
+#                 % of its mean step (the timed epoch's phase timers)
 #   host_ms       wall time per step the host spends inside operators (the union
 #                 of their intervals on every host thread, same 2 steps). Under
 #                 the profiler, which adds its own cost to every operator:
@@ -65,6 +71,8 @@
 #   WARMUP=10             PyTorch's untimed steps (compilation happens in them)
 #   PRECISIONS="bf16 fp16 fp32"           vqa_train's rows
 #   GRAPH=1               the vqa-hpc-graph row (in the first precision)
+#   CROP=1                the vqa-hpc-crop row (needs a dataset with source
+#                         images: vqa_prep synth --source-size)
 #   COMPILE_MODES="default reduce-overhead"   torch.compile rows ("" for none)
 #   PEAK_TFLOPS=989       the GPU's dense bf16 peak (H100 / H200)
 #   RUN_TIMEOUT=600       seconds one run may take (0: no limit); a run past it
@@ -74,6 +82,7 @@
 #                         vqa_prep synth -o FILE --image-size 384 --max-len 32
 #                         --vocab-size 50265 --train-questions 1920
 #                         --test-questions 8 --questions-per-image 64
+#                         --source-size 512
 #                         ((WARMUP + STEPS) x the largest batch; MAX_LEN tokens)
 #   PYTHON=               python3 if it imports torch, else /usr/bin/python3
 #   DDP_FLAGS=            more jobs/ddp_reference.py flags (they win)
@@ -93,6 +102,7 @@ steps=${STEPS:-20}
 warmup=${WARMUP:-10}
 read -r -a precisions <<<"${PRECISIONS:-bf16 fp16 fp32}"
 graph=${GRAPH:-1}
+crop=${CROP:-1}
 read -r -a compile_modes <<<"${COMPILE_MODES-default reduce-overhead}"
 peak_tflops=${PEAK_TFLOPS:-989}
 run_timeout=${RUN_TIMEOUT:-600}
@@ -113,6 +123,7 @@ positive STEPS "$steps"
 ((${#batches[@]})) || die "BATCHES is empty"
 for b in "${batches[@]}"; do positive BATCHES "$b"; done
 [[ $graph == 0 || $graph == 1 ]] || die "GRAPH must be 0 or 1, got '$graph'"
+[[ $crop == 0 || $crop == 1 ]] || die "CROP must be 0 or 1, got '$crop'"
 for p in "${precisions[@]}"; do
   [[ $p == bf16 || $p == fp16 || $p == fp32 ]] || die "PRECISIONS takes bf16 fp16 fp32, got '$p'"
 done
@@ -198,6 +209,7 @@ if [[ -z $data ]]; then
   # keep the file small (16 MB at the defaults).
   "$build/vqa_prep" synth -o "$data" --image-size "$image_size" --max-len "$max_len" \
     --vocab-size 50265 --questions-per-image 64 --test-questions 8 \
+    --source-size $((image_size * 4 / 3)) \
     --train-questions $(((steps + (warmup > (steps + 1) / 2 ? warmup : (steps + 1) / 2)) * max_batch)) \
     >/dev/null
   inspect=$("$build/vqa_prep" inspect "$data" --records 0)
@@ -236,7 +248,8 @@ if kind == "vqa":
     rank = last["per_rank"][0]
     row.update(samples_per_second=int(batch) / last["step_seconds"]["p50"],
                samples_per_second_mean=last["samples_per_second"],
-               steps=last["optimizer_steps"], peak_memory_bytes=rank.get("peak_memory_bytes"))
+               steps=last["optimizer_steps"], peak_memory_bytes=rank.get("peak_memory_bytes"),
+               data_wait_percent=100 * rank["phases"]["data_wait"] / rank["step_mean"])
     try:
         text = open(profile + ".txt").read()
         row["operators_per_step"] = float(re.search(r"([0-9.]+) operators dispatched", text)[1])
@@ -348,6 +361,10 @@ for batch in "${batches[@]}"; do
     if ((graph)); then
       run_vqa "vqa-graph-$precision-$batch" "$precision" "$batch" vqa-hpc-graph --cuda-graph true
     fi
+    if ((crop)); then
+      run_vqa "vqa-crop-$precision-$batch" "$precision" "$batch" vqa-hpc-crop \
+        --cuda-graph "$([[ $graph == 1 ]] && echo true || echo false)" --augment resized-crop
+    fi
     ((${#ddp_flags[@]})) || die "no vqa_train run finished, so the reference has no model line to follow"
     run_torch pytorch-eager "$batch"
     for mode in "${compile_modes[@]}"; do
@@ -364,8 +381,8 @@ import csv, json, re, sys
 rows_path, csv_path, model_line, max_len, peak, parameters, steps = sys.argv[1:8]
 rows = [json.loads(line) for line in open(rows_path) if line.strip()]
 # Per batch: vqa-hpc by precision, then PyTorch eager, then the compile modes.
-order = {"vqa-hpc": 0, "vqa-hpc-graph": 1, "pytorch-eager": 2}
-rows.sort(key=lambda r: (r["batch"], order.get(r["impl"], 3), r["impl"],
+order = {"vqa-hpc": 0, "vqa-hpc-graph": 1, "vqa-hpc-crop": 2, "pytorch-eager": 3}
+rows.sort(key=lambda r: (r["batch"], order.get(r["impl"], 4), r["impl"],
                          ["bf16", "fp16", "fp32"].index(r["precision"])))
 sys.path.insert(0, "jobs")  # the script runs from the repository root
 from model_flops import forward_flops, model_sizes  # the GPU check's formula too
@@ -382,12 +399,13 @@ def kernels(row):
         return "n/a"
     return f"{k:.0f}/{graphs:.0f} graphs" if graphs else f"{k:.0f}"
 
-columns = ["impl", "precision", "batch", "samples/s", "MFU_%", "peak_GiB", "ops/step",
+columns = ["impl", "precision", "batch", "samples/s", "MFU_%", "peak_GiB", "data_%", "ops/step",
            "kernels/step", "host_ms", "gpu_idle_ms", "warmup_s"]
-line = "%-34s %-9s %5s %10s %8s %8s %9s %15s %8s %11s %8s"
+line = "%-34s %-9s %5s %10s %8s %8s %7s %9s %15s %8s %11s %8s"
 print(line % tuple(columns))
 csv_columns = ["impl", "precision", "batch", "samples_per_second", "samples_per_second_mean",
-               "mfu_percent", "peak_memory_bytes", "operators_per_step", "kernels_per_step",
+               "mfu_percent", "peak_memory_bytes", "data_wait_percent", "operators_per_step",
+               "kernels_per_step",
                "graph_launches_per_step", "host_ms", "host_cpu_ms", "gpu_idle_ms",
                "warmup_seconds", "steps", "note"]
 with open(csv_path, "w", newline="") as out:
@@ -403,6 +421,7 @@ with open(csv_path, "w", newline="") as out:
         memory = row.get("peak_memory_bytes")
         print(line % (row["impl"], row["precision"], row["batch"], f"{rate:.2f}",
                       f"{row['mfu_percent']:.3g}", fmt(memory and memory / 2**30, ".2f"),
+                      fmt(row.get("data_wait_percent"), ".1f"),
                       fmt(row.get("operators_per_step"), ".0f"), kernels(row),
                       fmt(row.get("host_ms"), ".2f"), fmt(row.get("gpu_idle_ms"), ".2f"),
                       fmt(row.get("warmup_seconds"), ".1f")))
@@ -427,6 +446,12 @@ for batch in sorted({row["batch"] for row in rows}):
         else:
             parts.append("/ torch.compile: no row ran")
         print("; ".join(parts))
+    crop = next((r for r in rows if r["batch"] == batch and r["impl"] == "vqa-hpc-crop"
+                 and r.get("data_wait_percent") is not None), None)
+    if crop:
+        print(f"batch {batch}: with --augment resized-crop the data wait is "
+              f"{crop['data_wait_percent']:.1f}% of the step ({crop['samples_per_second']:.1f} "
+              f"samples/s)")
 for row in rows:
     if row.get("steps") is not None and row["steps"] < int(steps):
         print(f"{row['impl']} {row['precision']} batch {row['batch']}: {row['steps']} timed "

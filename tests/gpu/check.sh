@@ -32,7 +32,7 @@
 #
 # Settings (environment): VQA_GPU_PEAK_TFLOPS (default 989, an H100/H200's
 # dense bf16), VQA_GPU_EPOCHS (default 4: the first warms up, the median of
-# the others is quoted; the bundle's 512 questions make 16 optimiser steps of
+# the others is quoted; the bundle's 532 questions make 16 optimiser steps of
 # 2 x 16 per epoch), VQA_GPU_BATCH (per micro-step, default 16), VQA_GPU_STEPS
 # (optimiser steps per epoch, default 0: all), VQA_GPU_PRESET
 # (default base), VQA_GPU_UNTIL (the last stage to run: prefix, preflight,
@@ -263,7 +263,8 @@ stage_done
 # VQA_GPU_UNTIL=bench stops after it.
 if [[ -n ${VQA_GPU_BENCH:-} ]]; then
   stage bench
-  DEVICE=$device PYTHON=$python DATA=$bundle/bench384.h5 OUT_DIR=$out/bench_gpu \
+  # bench384.h5 holds 8 steps of 64: STEPS=8, so the profile's last 2 steps exist.
+  DEVICE=$device PYTHON=$python DATA=$bundle/bench384.h5 OUT_DIR=$out/bench_gpu STEPS=${STEPS:-8} \
     bash "$source_dir/jobs/bench_gpu.sh" "$work/build" >"$out/bench_gpu.log" 2>&1 ||
     { tail -n 40 "$out/bench_gpu.log"; die "bench_gpu.sh"; }
   sed 's/^/gpu-check:   /' "$out/bench_gpu/table.txt" | tee -a "$summary"
