@@ -28,11 +28,22 @@ std::string cuda_graph_unavailable_reason() {
 
 #ifdef VQA_HAVE_CUDA_GRAPH
 
+void cuda_graph_use_side_stream(const torch::Device& device) {
+  if (!device.is_cuda()) {
+    throw std::invalid_argument("CUDA graphs need a CUDA device, got " + device.str());
+  }
+  const auto index = device.index() < 0 ? c10::cuda::current_device() : device.index();
+  const c10::cuda::CUDAStream before = c10::cuda::getCurrentCUDAStream(index);
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+  at::cuda::CUDAEvent queued;
+  queued.record(before);
+  queued.block(side);
+  c10::cuda::setCurrentCUDAStream(side);
+}
+
 struct CudaGraph::State {
-  explicit State(c10::DeviceIndex index)
-      : device(index), side(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index)) {}
+  explicit State(c10::DeviceIndex index) : device(index) {}
   c10::DeviceIndex device;
-  c10::cuda::CUDAStream side;  // capture needs a stream other than the default one
   at::cuda::CUDAGraph graph;
 };
 
@@ -48,32 +59,25 @@ CudaGraph::~CudaGraph() = default;
 
 void CudaGraph::capture(const std::function<void()>& work) {
   VQA_CHECK(!captured_, "this CUDA graph is captured already");
-  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(state_->device);
-  // The side stream starts after everything queued so far (the inputs'
-  // copies among it), and the caller's stream continues after the capture.
-  at::cuda::CUDAEvent before;
-  before.record(caller);
-  before.block(state_->side);
-  {
-    c10::cuda::CUDAStreamGuard on_side(state_->side);
-    state_->graph.capture_begin();
-    try {
-      work();
-    } catch (...) {
-      // End the capture so the stream and the allocator leave capture mode;
-      // the partial graph is invalid and capture_end says so, too.
-      try {
-        state_->graph.capture_end();
-      } catch (...) {
-      }
-      state_->graph.reset();
-      throw;
-    }
-    state_->graph.capture_end();
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(state_->device);
+  if (stream == c10::cuda::getDefaultCUDAStream(state_->device)) {
+    throw std::logic_error(
+        "a CUDA graph cannot be captured on the default stream "
+        "(cuda_graph_use_side_stream first)");
   }
-  at::cuda::CUDAEvent after;
-  after.record(state_->side);
-  after.block(caller);
+  state_->graph.capture_begin(/*pool=*/{0, 0}, cudaStreamCaptureModeThreadLocal);
+  try {
+    work();
+  } catch (...) {
+    // Ends the stream's capture (then throws: the graph is invalid); the
+    // caller ends the job, see the header.
+    try {
+      state_->graph.capture_end();
+    } catch (...) {
+    }
+    throw;
+  }
+  state_->graph.capture_end();
   captured_ = true;
 }
 
@@ -83,6 +87,10 @@ void CudaGraph::replay() {
 }
 
 #else
+
+void cuda_graph_use_side_stream(const torch::Device& /*device*/) {
+  throw std::runtime_error("CUDA graphs are not available: " + cuda_graph_unavailable_reason());
+}
 
 struct CudaGraph::State {};
 

@@ -25,6 +25,17 @@ namespace vqa::runtime {
 // CUDA runtime), else the reason it cannot, for the log.
 std::string cuda_graph_unavailable_reason();
 
+// Makes a stream from LibTorch's pool the calling thread's current stream on
+// `device` for the rest of the process, ordered after the work queued so
+// far on the previous one. Call before the parameters' gradient hooks are
+// set up: autograd runs each parameter's AccumulateGrad node (and its hooks,
+// the gradient buckets' copies and collectives) on the stream that was
+// current when the node was made, and a node on the default stream breaks a
+// capture (the default stream cannot join one; PyTorch asks DDP to be
+// constructed on the side stream it captures on, for the same reason).
+// Throws where cuda_graph_unavailable_reason() is not empty.
+void cuda_graph_use_side_stream(const torch::Device& device);
+
 class CudaGraph {
  public:
   // A graph for work on `device` (a CUDA device); throws where
@@ -34,11 +45,15 @@ class CudaGraph {
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
 
-  // Runs `work` with the device work it queues captured on a side stream
-  // (ordered after the current stream's work so far): none of it runs now.
+  // Runs `work` with the device work it queues on the current stream (which
+  // must not be the default stream: cuda_graph_use_side_stream) captured:
+  // none of it runs now. The capture is CUDA's thread-local mode: other
+  // threads (the loader's, pinning host memory) may go on calling CUDA.
   // Dropout and other random kernels draw from LibTorch's CUDA generator at
   // each replay (its seed and offset then). Throws with CUDA's reason when
-  // the capture fails; the graph is then empty.
+  // the capture fails; LibTorch's allocator and generator may then be left
+  // in capture mode, so the process cannot go on training on the GPU: the
+  // caller ends the job.
   void capture(const std::function<void()>& work);
   // Launches the captured work on the current stream.
   void replay();

@@ -152,6 +152,10 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "kernel. Pads questions to the dataset's length (as --trim-text-padding false) for "
            "fixed shapes; a batch of other shapes runs eagerly; where capture cannot work (the "
            "CPU, the MPI backend, accumulation) every step is eager and train.log says why")
+      .add("copy-stream", &c.copy_stream,
+           "GPU: copy each training batch to the device on a side stream, beside the work "
+           "queued before it, which the compute stream then waits for through an event (no "
+           "host wait); false: on the compute stream, after that work. No effect on the CPU")
       .add("no-comm", &c.no_comm, "benchmark only: skip the gradient allreduce (ranks diverge)")
       .add("comm-timeout", &c.comm_timeout,
            "seconds a collective may wait: a warning names the ranks that have not arrived at "

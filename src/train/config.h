@@ -114,6 +114,7 @@ struct TrainConfig {
   int64_t loss_scale_interval = 2000;  // fp16: finite steps before the scale doubles
   PackedAttention packed_attention = PackedAttention::kAuto;  // one GEMM for q, k, v
   bool cuda_graph = false;  // GPU: replay each step's forward and backward as a CUDA graph
+  bool copy_stream = true;  // GPU: batches copied to the device on a side stream
   bool no_comm = false;     // benchmark only: skip the gradient allreduce (ranks diverge)
   double comm_timeout = runtime::kDefaultCollectiveTimeoutSeconds;  // per collective; 0: none
   // loop, evaluation, output

@@ -36,9 +36,11 @@ void LossScaler::update(const torch::Tensor& found_inf) {
   // only to a finite value.
   const auto grown =
       torch::where(interval_done.logical_and(torch::isfinite(larger)), larger, scale_);
-  scale_ = torch::where(found_inf, scale_ * options_.backoff_factor, grown);
-  growth_tracker_ = torch::where(found_inf.logical_or(interval_done),
-                                 torch::zeros_like(growth_tracker_), counted);
+  // In place: a CUDA graph (--cuda-graph) multiplies the loss by this very
+  // tensor at every replay, so its storage must stay the same.
+  scale_.copy_(torch::where(found_inf, scale_ * options_.backoff_factor, grown));
+  growth_tracker_.copy_(torch::where(found_inf.logical_or(interval_done),
+                                     torch::zeros_like(growth_tracker_), counted));
 }
 
 double LossScaler::current_scale() const { return scale_.item<double>(); }

@@ -107,6 +107,8 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
                              *comm,  timer,  timeline, log};
   parts.profile = &profile;
   parts.graph = step_graph.get();
+  train::DeviceBatchCopy batch_copy(device, config.copy_stream);
+  parts.copy = &batch_copy;
 
   // ---- resume, report ---------------------------------------------------------
   train::TrainState state;

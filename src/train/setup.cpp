@@ -92,7 +92,9 @@ std::unique_ptr<StepGraph> setup_step_graph(const TrainConfig& config, const tor
   const StepGraphPlan plan =
       step_graph_plan(config, device, comm.backend(), runtime::cuda_graph_unavailable_reason());
   if (const std::string line = step_graph_plan_describe(plan); !line.empty()) log.info(line);
-  return plan.capture ? std::make_unique<StepGraph>(device) : nullptr;
+  if (!plan.capture) return nullptr;
+  runtime::cuda_graph_use_side_stream(device);  // before the gradient hooks: cuda_graph.h
+  return std::make_unique<StepGraph>(device);
 }
 
 model::ModelConfig setup_model_config(const TrainConfig& config, const data::DatasetInfo& dataset) {

@@ -77,12 +77,12 @@ torch::Tensor StepGraph::capture(const data::Batch& device_batch,
   return loss_;
 }
 
-void StepGraph::load(const data::Batch& host_batch) {
-  VQA_CHECK(replayable(host_batch), "a batch of shapes the CUDA graph was not captured for");
-  input_.images.copy_(host_batch.images, /*non_blocking=*/true);
-  input_.token_ids.copy_(host_batch.token_ids, /*non_blocking=*/true);
-  input_.attention_mask.copy_(host_batch.attention_mask, /*non_blocking=*/true);
-  input_.targets.copy_(host_batch.targets, /*non_blocking=*/true);
+void StepGraph::load(const data::Batch& batch) {
+  VQA_CHECK(replayable(batch), "a batch of shapes the CUDA graph was not captured for");
+  input_.images.copy_(batch.images, /*non_blocking=*/true);
+  input_.token_ids.copy_(batch.token_ids, /*non_blocking=*/true);
+  input_.attention_mask.copy_(batch.attention_mask, /*non_blocking=*/true);
+  input_.targets.copy_(batch.targets, /*non_blocking=*/true);
 }
 
 torch::Tensor StepGraph::replay() {

@@ -73,9 +73,9 @@ class StepGraph {
   // to run this step. Returns the loss (the static output of every replay).
   torch::Tensor capture(const data::Batch& device_batch,
                         const std::function<torch::Tensor(const data::Batch&)>& step);
-  // Copies a host batch of the captured shapes into the static input
-  // (non-blocking, from the loader's pinned memory, on the current stream).
-  void load(const data::Batch& host_batch);
+  // Copies a batch of the captured shapes (on the device, or the loader's
+  // pinned host batch) into the static input, on the current stream.
+  void load(const data::Batch& batch);
   // Replays the step on the static input; returns the loss (the static output).
   torch::Tensor replay();
 

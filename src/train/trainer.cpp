@@ -147,17 +147,26 @@ torch::Tensor capture_step(TrainingParts& parts, const data::Batch& batch, int64
                            int64_t global_step) {
   parts.gradients.prepare_backward(/*sync=*/true);
   const auto began = util::SteadyClock::now();
-  torch::Tensor loss = parts.graph->capture(batch, [&](const data::Batch& input) {
-    torch::Tensor captured;
-    {
-      AutocastScope autocast(parts.device, parts.config.autocast_dtype(), /*cache=*/false);
-      captured = vqa_loss(parts.model->forward(input.images, input.token_ids, input.attention_mask),
-                          input.targets);
-    }
-    (parts.scaler ? parts.scaler->scale(captured) : captured).backward();
-    parts.gradients.finish_backward();
-    return captured.detach();
-  });
+  torch::Tensor loss;
+  try {
+    loss = parts.graph->capture(batch, [&](const data::Batch& input) {
+      torch::Tensor captured;
+      {
+        AutocastScope autocast(parts.device, parts.config.autocast_dtype(), /*cache=*/false);
+        captured =
+            vqa_loss(parts.model->forward(input.images, input.token_ids, input.attention_mask),
+                     input.targets);
+      }
+      (parts.scaler ? parts.scaler->scale(captured) : captured).backward();
+      parts.gradients.finish_backward();
+      return captured.detach();
+    });
+  } catch (const std::exception& e) {
+    // LibTorch may be left in capture mode: no eager fallback in this process.
+    runtime::fatal_user_error("--cuda-graph: capturing the step at epoch " + std::to_string(epoch) +
+                              " step " + std::to_string(global_step) + " failed: " + e.what() +
+                              "; run without --cuda-graph (the eager step computes the same)");
+  }
   parts.comm.watch_replayed_graph(parts.gradients.stats().bytes_per_step);
   char line[200];
   std::snprintf(line, sizeof(line),
@@ -288,8 +297,9 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
     }
     parts.timer.end_phase(Phase::kDataWait);
     replayed = parts.graph && parts.graph->replayable(host_batch);
-    const data::Batch batch = replayed ? data::Batch{} : batch_to_device(host_batch, parts.device);
-    if (replayed) parts.graph->load(host_batch);
+    const data::Batch batch =
+        parts.copy ? parts.copy->to_device(host_batch) : batch_to_device(host_batch, parts.device);
+    if (replayed) parts.graph->load(batch);  // into the graph's static input
     parts.timer.end_phase(Phase::kHostToDevice);
     if (micro == 0 && parts.gradients.sharded()) {
       // The previous step's parameter allgathers ran behind its optimiser

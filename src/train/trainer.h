@@ -10,6 +10,7 @@
 #include "model/m3ae.h"            // M3AE
 #include "runtime/communicator.h"  // Communicator
 #include "runtime/stop_request.h"  // StopAgreement
+#include "train/batches.h"         // DeviceBatchCopy
 #include "train/config.h"          // TrainConfig, FaultInjection
 #include "train/deferred_flag.h"   // DeferredFlag
 #include "train/gradient_sync.h"   // GradientSynchronizer
@@ -40,6 +41,7 @@ struct TrainingParts {
   LossScaler* scaler = nullptr;        // --precision fp16, else none
   OperatorProfile* profile = nullptr;  // --profile, else none
   StepGraph* graph = nullptr;          // --cuda-graph where capture works, else none
+  DeviceBatchCopy* copy = nullptr;  // batches to the device (--copy-stream); none: the plain copy
 };
 
 // Optimiser steps one epoch takes with this loader and configuration.

@@ -15,8 +15,9 @@
 #   2b. a CUDA graph against the eager path: 20 optimiser steps of the
 #      preset in bfloat16 with --cuda-graph true and without it (questions
 #      padded alike, dropout 0), per-epoch losses within 1e-2 relative (see
-#      the stage); on the CPU (VQA_GPU_DEVICE=cpu, 4 steps) the graph run is
-#      eager and must say so and match to the last bit;
+#      the stage); the eager run again with --copy-stream false, its losses
+#      equal to the last bit; on the CPU (VQA_GPU_DEVICE=cpu, 4 steps) the
+#      graph run is eager and must say so and match to the last bit;
 #   3. trains the base preset in bfloat16 on 1 rank (NCCL refuses two ranks
 #      on one GPU) with 2 accumulation steps, --bf16-allreduce, evaluation and
 #      a checkpoint every epoch, then resumes it for one more epoch with
@@ -215,12 +216,26 @@ graph_flags=(--train-data "$bundle/synth384.h5" --preset "$preset" --device "$de
   --global-batch "$batch" --batch-per-rank "$batch" --precision "$graph_precision" --dropout 0
   --epochs "$graph_epochs" --max-steps-per-epoch "$graph_steps" --eval-every 0 --save-every 0
   --progress off)
-rm -rf "$work/run-graph" "$work/run-eager"
+rm -rf "$work/run-graph" "$work/run-eager" "$work/run-eager-nocopy"
 mpirun -np 1 "$work/build/vqa_train" "${graph_flags[@]}" --out "$work/run-graph" \
   --cuda-graph true >"$out/graph.log" 2>&1 || { tail -n 30 "$out/graph.log"; die "CUDA graph run"; }
 mpirun -np 1 "$work/build/vqa_train" "${graph_flags[@]}" --out "$work/run-eager" \
   --trim-text-padding false >"$out/graph_eager.log" 2>&1 ||
   { tail -n 30 "$out/graph_eager.log"; die "eager run beside the CUDA graph run"; }
+# The eager run again with the batches copied on the compute stream: the
+# side stream's copies (--copy-stream, the default) must give the same
+# losses to the last bit (the same kernels on the same values).
+mpirun -np 1 "$work/build/vqa_train" "${graph_flags[@]}" --out "$work/run-eager-nocopy" \
+  --trim-text-padding false --copy-stream false >"$out/graph_eager_nocopy.log" 2>&1 ||
+  { tail -n 30 "$out/graph_eager_nocopy.log"; die "eager run with --copy-stream false"; }
+"$python" - "$work/run-eager/metrics.jsonl" "$work/run-eager-nocopy/metrics.jsonl" \
+  <<'PY' | tee -a "$summary" || die "the side stream's copies changed the losses (above)"
+import json, sys
+side, plain = ([json.loads(l)["train_loss"] for l in open(p)] for p in sys.argv[1:3])
+print(f"gpu-check:   --copy-stream true / false: losses {side} / {plain}: "
+      + ("equal" if side == plain else "DIFFER"))
+sys.exit(0 if side == plain and len(side) > 0 else 1)
+PY
 if [[ $device == cpu ]]; then
   grep -q 'CUDA graph: eager steps (the device is the CPU)' "$out/graph.log" ||
     die "the CPU run did not say why it took no CUDA graph"
