@@ -206,7 +206,8 @@ if [[ -z $data ]]; then
   data=$work/synth.h5
   # WARMUP + STEPS steps of the largest batch (at least 1.5 x STEPS: synth
   # keeps about 9 in 10 of the questions asked for); 64 questions per image
-  # keep the file small (16 MB at the defaults).
+  # keep the file small (about 40 MB at the defaults, 30 MB of it the crop's
+  # sources of 4/3 the image size).
   "$build/vqa_prep" synth -o "$data" --image-size "$image_size" --max-len "$max_len" \
     --vocab-size 50265 --questions-per-image 64 --test-questions 8 \
     --source-size $((image_size * 4 / 3)) \

@@ -26,19 +26,35 @@ std::string cuda_graph_unavailable_reason() {
 #endif
 }
 
-#ifdef VQA_HAVE_CUDA_GRAPH
+namespace {
 
-void cuda_graph_use_side_stream(const torch::Device& device) {
+void require_cuda(const torch::Device& device) {
   if (!device.is_cuda()) {
     throw std::invalid_argument("CUDA graphs need a CUDA device, got " + device.str());
   }
-  const auto index = device.index() < 0 ? c10::cuda::current_device() : device.index();
+}
+
+}  // namespace
+
+#ifdef VQA_HAVE_CUDA_GRAPH
+
+namespace {
+
+c10::DeviceIndex device_index(const torch::Device& device) {
+  require_cuda(device);
+  return device.index() < 0 ? c10::cuda::current_device() : device.index();
+}
+
+}  // namespace
+
+void cuda_make_pool_stream_current(const torch::Device& device) {
+  const c10::DeviceIndex index = device_index(device);
   const c10::cuda::CUDAStream before = c10::cuda::getCurrentCUDAStream(index);
-  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+  const c10::cuda::CUDAStream pool = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
   at::cuda::CUDAEvent queued;
   queued.record(before);
-  queued.block(side);
-  c10::cuda::setCurrentCUDAStream(side);
+  queued.block(pool);
+  c10::cuda::setCurrentCUDAStream(pool);
 }
 
 struct CudaGraph::State {
@@ -47,13 +63,8 @@ struct CudaGraph::State {
   at::cuda::CUDAGraph graph;
 };
 
-CudaGraph::CudaGraph(const torch::Device& device) {
-  if (!device.is_cuda()) {
-    throw std::invalid_argument("CUDA graphs need a CUDA device, got " + device.str());
-  }
-  state_ =
-      std::make_unique<State>(device.index() < 0 ? c10::cuda::current_device() : device.index());
-}
+CudaGraph::CudaGraph(const torch::Device& device)
+    : state_(std::make_unique<State>(device_index(device))) {}
 
 CudaGraph::~CudaGraph() = default;
 
@@ -63,7 +74,7 @@ void CudaGraph::capture(const std::function<void()>& work) {
   if (stream == c10::cuda::getDefaultCUDAStream(state_->device)) {
     throw std::logic_error(
         "a CUDA graph cannot be captured on the default stream "
-        "(cuda_graph_use_side_stream first)");
+        "(cuda_make_pool_stream_current first)");
   }
   state_->graph.capture_begin(/*pool=*/{0, 0}, cudaStreamCaptureModeThreadLocal);
   try {
@@ -88,25 +99,28 @@ void CudaGraph::replay() {
 
 #else
 
-void cuda_graph_use_side_stream(const torch::Device& /*device*/) {
+namespace {
+
+[[noreturn]] void throw_unavailable() {
   throw std::runtime_error("CUDA graphs are not available: " + cuda_graph_unavailable_reason());
 }
 
+}  // namespace
+
+void cuda_make_pool_stream_current(const torch::Device& /*device*/) { throw_unavailable(); }
+
 struct CudaGraph::State {};
 
-CudaGraph::CudaGraph(const torch::Device& /*device*/) {
-  throw std::runtime_error("CUDA graphs are not available: " + cuda_graph_unavailable_reason());
+CudaGraph::CudaGraph(const torch::Device& device) {
+  require_cuda(device);
+  throw_unavailable();
 }
 
 CudaGraph::~CudaGraph() = default;
 
-void CudaGraph::capture(const std::function<void()>& /*work*/) {
-  VQA_CHECK(false, "CUDA graphs are not available: " + cuda_graph_unavailable_reason());
-}
+void CudaGraph::capture(const std::function<void()>& /*work*/) { throw_unavailable(); }
 
-void CudaGraph::replay() {
-  VQA_CHECK(false, "CUDA graphs are not available: " + cuda_graph_unavailable_reason());
-}
+void CudaGraph::replay() { throw_unavailable(); }
 
 #endif
 

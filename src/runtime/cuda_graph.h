@@ -34,7 +34,7 @@ std::string cuda_graph_unavailable_reason();
 // capture (the default stream cannot join one; PyTorch asks DDP to be
 // constructed on the side stream it captures on, for the same reason).
 // Throws where cuda_graph_unavailable_reason() is not empty.
-void cuda_graph_use_side_stream(const torch::Device& device);
+void cuda_make_pool_stream_current(const torch::Device& device);
 
 class CudaGraph {
  public:
@@ -46,7 +46,7 @@ class CudaGraph {
   CudaGraph& operator=(const CudaGraph&) = delete;
 
   // Runs `work` with the device work it queues on the current stream (which
-  // must not be the default stream: cuda_graph_use_side_stream) captured:
+  // must not be the default stream: cuda_make_pool_stream_current) captured:
   // none of it runs now. The capture is CUDA's thread-local mode: other
   // threads (the loader's, pinning host memory) may go on calling CUDA.
   // Dropout and other random kernels draw from LibTorch's CUDA generator at

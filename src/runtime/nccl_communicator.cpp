@@ -232,14 +232,6 @@ class NcclCommunicator final : public Communicator {
   // NCCL's asynchronous error (a peer lost, a network failure), if any.
   std::string poll_completion(CollectiveTracker& tracker) {
     cudaSetDevice(device_);  // the watchdog thread's current device
-    // While the training thread captures a CUDA graph (cuda_graph.h), CUDA
-    // forbids other threads' event queries unless they say they are safe:
-    // this thread only queries events recorded outside any capture.
-    static thread_local const bool relaxed = [] {
-      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-      return cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
-    }();
-    (void)relaxed;
     for (;;) {
       std::pair<int64_t, SharedEvent> front;
       {

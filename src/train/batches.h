@@ -20,7 +20,7 @@ bool next_batch_or_exit(data::ShardedLoader& loader, data::Batch& batch);
 // asynchronously on the current stream, ahead of the forward that reads them.
 data::Batch batch_to_device(const data::Batch& batch, const torch::Device& device);
 
-// Batch copies to a GPU on a side stream (--device-prefetch): the host runs
+// Batch copies to a GPU on a side stream (--copy-stream): the host runs
 // ahead of the GPU by a step or more (nothing in the step waits for the
 // device), so when the host asks for the next batch's copy the GPU is still
 // computing earlier work; on a stream of its own the copy runs beside that

@@ -43,15 +43,15 @@ inline const util::ModeNames<SparseEmbeddingSync> kSparseEmbeddingSyncNames = {
     {"off", SparseEmbeddingSync::kOff}};
 
 // q, k and v in one GEMM (model/layers.h): on, off, or auto (on on a GPU,
-// where it measured faster, off on the CPU, where it did not). "true" and
-// "false" are the option's older spellings.
+// where it measured faster, off on the CPU, where it did not). The other
+// names are what the option took when it was a bool.
 enum class PackedAttention { kAuto, kOn, kOff };
 inline const util::ModeNames<PackedAttention> kPackedAttentionNames = {
-    {"auto", PackedAttention::kAuto},
-    {"on", PackedAttention::kOn},
-    {"off", PackedAttention::kOff},
-    {"true", PackedAttention::kOn},
-    {"false", PackedAttention::kOff}};
+    {"auto", PackedAttention::kAuto}, {"on", PackedAttention::kOn},
+    {"off", PackedAttention::kOff},   {"true", PackedAttention::kOn},
+    {"false", PackedAttention::kOff}, {"yes", PackedAttention::kOn},
+    {"no", PackedAttention::kOff},    {"1", PackedAttention::kOn},
+    {"0", PackedAttention::kOff}};
 
 // Test-only fault injection, for the tests of the diagnosis, of non-finite
 // values and of preemption; settable from the command line (--test-*) like

@@ -241,10 +241,7 @@ void GradientSynchronizer::launch_ready_buckets() {
       bucket.work = bucket.sharded ? comm_.reduce_scatter_async(sent, runtime::ReduceOp::kAverage)
                                    : comm_.allreduce_async(sent, runtime::ReduceOp::kAverage);
     }
-    const int64_t bytes =
-        static_cast<int64_t>((bucket.wire.defined() ? bucket.wire : bucket.flat).nbytes());
-    stats_.sent_bytes_sums[index] += bytes;
-    stats_.sent_bytes += bytes;
+    count_sent(index);
   }
 }
 
@@ -299,8 +296,7 @@ void GradientSynchronizer::finish_backward() {
       }
     }
     stats_.bytes_per_step = 0;
-    for (const auto& bucket : buckets_)
-      stats_.bytes_per_step += bucket.wire.defined() ? bucket.wire.nbytes() : bucket.flat.nbytes();
+    for (const auto& bucket : buckets_) stats_.bytes_per_step += bucket.sent_bytes();
   }
   ++stats_.synchronised_steps;
   for (int64_t i = 0; i < static_cast<int64_t>(parameters_.size()); ++i) {
@@ -309,17 +305,18 @@ void GradientSynchronizer::finish_backward() {
   step_open_ = false;
 }
 
+void GradientSynchronizer::count_sent(int64_t index) {
+  const int64_t bytes = buckets_[index].sent_bytes();
+  stats_.sent_bytes_sums[index] += bytes;
+  stats_.sent_bytes += bytes;
+}
+
 void GradientSynchronizer::count_replayed_step() {
   VQA_CHECK(!step_open_ && row_bucket_ < 0 && !last_ready_before_end_.empty(),
             "a replayed step counted before any captured one, or with row sync");
   for (size_t k = 0; k < buckets_.size(); ++k) {
     stats_.ready_before_end_sums[k] += last_ready_before_end_[k];
-    if (options_.skip_allreduce) continue;
-    const auto& bucket = buckets_[k];
-    const auto bytes =
-        static_cast<int64_t>((bucket.wire.defined() ? bucket.wire : bucket.flat).nbytes());
-    stats_.sent_bytes_sums[k] += bytes;
-    stats_.sent_bytes += bytes;
+    if (!options_.skip_allreduce) count_sent(static_cast<int64_t>(k));
   }
   ++stats_.synchronised_steps;
 }
@@ -416,9 +413,8 @@ std::vector<BucketTiming> GradientSynchronizer::last_step_timings() const {
   for (int64_t k = 0; k < static_cast<int64_t>(buckets_.size()); ++k) {
     const Bucket& bucket = buckets_[k];
     if (!bucket.work) continue;
-    timings.push_back(
-        {k, static_cast<int64_t>((bucket.wire.defined() ? bucket.wire : bucket.flat).nbytes()),
-         bucket.launched, bucket.work->began_at(), bucket.work->ended_at()});
+    timings.push_back({k, bucket.sent_bytes(), bucket.launched, bucket.work->began_at(),
+                       bucket.work->ended_at()});
   }
   return timings;
 }

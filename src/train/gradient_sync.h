@@ -197,6 +197,11 @@ class GradientSynchronizer {
     bool sharded = false;
     int64_t begin = 0, end = 0;
     runtime::WorkHandle gather;
+    // Bytes one averaging of this bucket sends (its bfloat16 copy or the
+    // float32 buffer; the row bucket's last rows).
+    int64_t sent_bytes() const {
+      return static_cast<int64_t>((wire.defined() ? wire : flat).nbytes());
+    }
     // The block this rank averages and updates (the whole bucket unless sharded).
     torch::Tensor owned(const torch::Tensor& flat) const {
       return flat.narrow(0, begin, end - begin);
@@ -206,6 +211,7 @@ class GradientSynchronizer {
   class ArrivalHook;
   void on_gradient(int64_t index);
   void launch_ready_buckets();
+  void count_sent(int64_t index);  // the bucket's bytes into stats_
   void note_rows(const torch::Tensor& row_ids);
   void make_flat_parameters();
   void gather_rows();

@@ -93,7 +93,7 @@ std::unique_ptr<StepGraph> setup_step_graph(const TrainConfig& config, const tor
       step_graph_plan(config, device, comm.backend(), runtime::cuda_graph_unavailable_reason());
   if (const std::string line = step_graph_plan_describe(plan); !line.empty()) log.info(line);
   if (!plan.capture) return nullptr;
-  runtime::cuda_graph_use_side_stream(device);  // before the gradient hooks: cuda_graph.h
+  runtime::cuda_make_pool_stream_current(device);  // before the gradient hooks: cuda_graph.h
   return std::make_unique<StepGraph>(device);
 }
 

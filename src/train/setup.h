@@ -50,7 +50,7 @@ void setup_packed_attention(const TrainConfig& config, const torch::Device& devi
 // --cuda-graph: the step graph where capture can work on this device, build
 // and backend (step_graph_plan), nullptr otherwise; the log says which and
 // why. With a graph, the rest of the run computes on a side stream
-// (runtime::cuda_graph_use_side_stream): call before the gradient buckets
+// (runtime::cuda_make_pool_stream_current): call before the gradient buckets
 // and the optimiser are made.
 std::unique_ptr<StepGraph> setup_step_graph(const TrainConfig& config, const torch::Device& device,
                                             const runtime::Communicator& comm, RunLog& log);

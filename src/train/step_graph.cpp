@@ -50,10 +50,12 @@ std::string step_graph_plan_describe(const StepGraphPlan& plan) {
   return "";
 }
 
-StepGraph::StepGraph(const torch::Device& device) : graph_(device) {}
+static_assert(StepGraph::kWarmupSteps == 3, "--cuda-graph's help (config.cpp) says 3 eager steps");
+
+StepGraph::StepGraph(const torch::Device& device) : device_(device) {}
 
 bool StepGraph::replayable(const data::Batch& host_batch) const {
-  return graph_.captured() && same_shape(host_batch.images, input_.images) &&
+  return captured() && same_shape(host_batch.images, input_.images) &&
          same_shape(host_batch.token_ids, input_.token_ids) &&
          same_shape(host_batch.attention_mask, input_.attention_mask) &&
          same_shape(host_batch.targets, input_.targets);
@@ -61,7 +63,7 @@ bool StepGraph::replayable(const data::Batch& host_batch) const {
 
 std::string StepGraph::note_eager_step(const data::Batch& host_batch, int64_t global_step) {
   ++eager_steps_;
-  if (!graph_.captured() || reported_shape_) return "";
+  if (!captured() || reported_shape_) return "";
   reported_shape_ = true;
   return "CUDA graph: step " + std::to_string(global_step) + " runs eagerly: its batch (images " +
          shape_text(host_batch.images) + ", questions " + shape_text(host_batch.token_ids) +
@@ -72,8 +74,9 @@ std::string StepGraph::note_eager_step(const data::Batch& host_batch, int64_t gl
 torch::Tensor StepGraph::capture(const data::Batch& device_batch,
                                  const std::function<torch::Tensor(const data::Batch&)>& step) {
   input_ = device_batch;
-  graph_.capture([&] { loss_ = step(input_); });
-  graph_.replay();
+  graph_ = std::make_unique<runtime::CudaGraph>(device_);
+  graph_->capture([&] { loss_ = step(input_); });
+  graph_->replay();
   return loss_;
 }
 
@@ -86,7 +89,8 @@ void StepGraph::load(const data::Batch& batch) {
 }
 
 torch::Tensor StepGraph::replay() {
-  graph_.replay();
+  VQA_CHECK(captured(), "replay of a step graph that was not captured");
+  graph_->replay();
   return loss_;
 }
 

@@ -53,6 +53,8 @@ class StepGraph {
   // Eager optimiser steps before the capture.
   static constexpr int64_t kWarmupSteps = 3;
 
+  // The graph itself is made at the capture (construction needs no CUDA:
+  // the warm-up counting and the shape checks are tested on the CPU).
   explicit StepGraph(const torch::Device& device);
 
   // True when the graph is captured and `host_batch` has its shapes.
@@ -61,7 +63,7 @@ class StepGraph {
   // nothing is captured yet, and `host_batch` is a full one of `full_batch`
   // samples (a short last batch is left to the eager path).
   bool capture_due(const data::Batch& host_batch, int64_t full_batch) const {
-    return !graph_.captured() && eager_steps_ >= kWarmupSteps && host_batch.size() == full_batch;
+    return !captured() && eager_steps_ >= kWarmupSteps && host_batch.size() == full_batch;
   }
   // An eager step ran (counts the warm-up). With `host_batch` of a shape
   // other than the captured one, returns the log line for the first such
@@ -80,9 +82,12 @@ class StepGraph {
   torch::Tensor replay();
 
  private:
-  runtime::CudaGraph graph_;
-  data::Batch input_;   // the static input: the captured step's device batch
-  torch::Tensor loss_;  // the static output
+  bool captured() const { return graph_ && graph_->captured(); }
+
+  torch::Device device_;
+  std::unique_ptr<runtime::CudaGraph> graph_;  // made at the capture
+  data::Batch input_;                          // the static input: the captured step's device batch
+  torch::Tensor loss_;                         // the static output
   int64_t eager_steps_ = 0;
   bool reported_shape_ = false;
 };

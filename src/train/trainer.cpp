@@ -139,10 +139,25 @@ void timeline_add_collectives(TrainingParts& parts, int64_t global_step) {
   }
 }
 
+// Forward and loss of one micro-step, under autocast on a GPU (without its
+// cache of casts inside a capture: autocast.h).
+torch::Tensor forward_loss(TrainingParts& parts, const data::Batch& batch, bool autocast_cache) {
+  AutocastScope autocast(parts.device, parts.config.autocast_dtype(), autocast_cache);
+  return vqa_loss(parts.model->forward(batch.images, batch.token_ids, batch.attention_mask),
+                  batch.targets);
+}
+
+// After a replay of the step's graph: the watchdog watches it as one
+// collective (unless the graph holds none: --no-comm).
+void watch_graph(TrainingParts& parts) {
+  if (!parts.config.no_comm) {
+    parts.comm.watch_replayed_graph(parts.gradients.stats().bytes_per_step);
+  }
+}
+
 // The step captured into parts.graph (step_graph.h), and run by the graph's
 // first replay: forward, loss, backward and the buckets' averaging
 // (finish_backward) on `batch`, which becomes the graph's static input.
-// Autocast keeps no cache of casts inside a capture (autocast.h).
 torch::Tensor capture_step(TrainingParts& parts, const data::Batch& batch, int64_t epoch,
                            int64_t global_step) {
   parts.gradients.prepare_backward(/*sync=*/true);
@@ -150,13 +165,7 @@ torch::Tensor capture_step(TrainingParts& parts, const data::Batch& batch, int64
   torch::Tensor loss;
   try {
     loss = parts.graph->capture(batch, [&](const data::Batch& input) {
-      torch::Tensor captured;
-      {
-        AutocastScope autocast(parts.device, parts.config.autocast_dtype(), /*cache=*/false);
-        captured =
-            vqa_loss(parts.model->forward(input.images, input.token_ids, input.attention_mask),
-                     input.targets);
-      }
+      const torch::Tensor captured = forward_loss(parts, input, /*autocast_cache=*/false);
       (parts.scaler ? parts.scaler->scale(captured) : captured).backward();
       parts.gradients.finish_backward();
       return captured.detach();
@@ -167,7 +176,8 @@ torch::Tensor capture_step(TrainingParts& parts, const data::Batch& batch, int64
                               " step " + std::to_string(global_step) + " failed: " + e.what() +
                               "; run without --cuda-graph (the eager step computes the same)");
   }
-  parts.comm.watch_replayed_graph(parts.gradients.stats().bytes_per_step);
+  watch_graph(parts);
+  parts.timer.end_phase(Phase::kBackward);  // forward, backward and averaging as one
   char line[200];
   std::snprintf(line, sizeof(line),
                 "CUDA graph: captured at epoch %lld step %lld in %.2f s (%lld samples per rank, "
@@ -178,6 +188,38 @@ torch::Tensor capture_step(TrainingParts& parts, const data::Batch& batch, int64
                 static_cast<long long>(batch.images.size(-2)),
                 static_cast<long long>(batch.token_ids.size(1)));
   parts.log.info(line);
+  return loss;
+}
+
+// A step replayed from parts.graph, its batch already in the static input.
+torch::Tensor replay_step(TrainingParts& parts) {
+  const torch::Tensor loss = parts.graph->replay();
+  parts.gradients.count_replayed_step();
+  watch_graph(parts);
+  parts.timer.end_phase(Phase::kBackward);  // forward, backward and averaging as one
+  return loss;
+}
+
+// One eager micro-step (`micro` of the step's accumulation): forward, loss
+// (with the --test-* faults), backward; the buckets average as backward runs
+// on the last micro-step.
+torch::Tensor eager_micro_step(TrainingParts& parts, const FaultInjector& faults,
+                               const data::Batch& host_batch, const data::Batch& batch,
+                               int64_t micro, int64_t global_step) {
+  if (parts.graph) {
+    const std::string note = parts.graph->note_eager_step(host_batch, global_step);
+    if (!note.empty()) parts.log.info(note);
+  }
+  const int64_t micro_steps = parts.config.accumulation_steps;
+  parts.gradients.prepare_backward(/*sync=*/micro == micro_steps - 1,
+                                   /*row_ids=*/host_batch.token_ids);
+  torch::Tensor loss = forward_loss(parts, batch, /*autocast_cache=*/true);
+  faults.after_forward();
+  loss = faults.loss(loss, global_step);
+  parts.timer.end_phase(Phase::kForward);
+  const auto micro_loss = loss / static_cast<double>(micro_steps);
+  (parts.scaler ? parts.scaler->scale(micro_loss) : micro_loss).backward();
+  parts.timer.end_phase(Phase::kBackward);
   return loss;
 }
 
@@ -286,8 +328,8 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
   int64_t step_samples = 0;
   data::Batch host_batch;
   // With a CUDA graph (one micro-step per step, step_graph_plan) the step's
-  // forward, backward and averaging are its replay, finish_backward included.
-  bool replayed = false;
+  // forward, backward and averaging ran as the graph, finish_backward included.
+  bool graph_ran = false;
   for (int64_t micro = 0; micro < config.accumulation_steps; ++micro) {
     faults.before_batch();
     if (!next_batch_or_exit(loader, host_batch)) {
@@ -296,10 +338,10 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
                                 std::to_string(state.global_step));
     }
     parts.timer.end_phase(Phase::kDataWait);
-    replayed = parts.graph && parts.graph->replayable(host_batch);
+    const bool replay = parts.graph && parts.graph->replayable(host_batch);
     const data::Batch batch =
         parts.copy ? parts.copy->to_device(host_batch) : batch_to_device(host_batch, parts.device);
-    if (replayed) parts.graph->load(batch);  // into the graph's static input
+    if (replay) parts.graph->load(batch);  // into the graph's static input
     parts.timer.end_phase(Phase::kHostToDevice);
     if (micro == 0 && parts.gradients.sharded()) {
       // The previous step's parameter allgathers ran behind its optimiser
@@ -308,40 +350,18 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
       parts.timer.end_phase(Phase::kCommExposed);
     }
     const double cpu_before = util::thread_cpu_seconds();
-    torch::Tensor loss;
-    if (replayed) {
-      loss = parts.graph->replay();
-      parts.gradients.count_replayed_step();
-      parts.comm.watch_replayed_graph(parts.gradients.stats().bytes_per_step);
-      parts.timer.end_phase(Phase::kBackward);  // forward, backward and averaging as one
-    } else if (parts.graph && parts.graph->capture_due(host_batch, config.batch_per_rank)) {
-      loss = capture_step(parts, batch, epoch, state.global_step);
-      parts.timer.end_phase(Phase::kBackward);
-      replayed = true;
-    } else {
-      if (parts.graph) {
-        const std::string note = parts.graph->note_eager_step(host_batch, state.global_step);
-        if (!note.empty()) parts.log.info(note);
-      }
-      parts.gradients.prepare_backward(/*sync=*/micro == config.accumulation_steps - 1,
-                                       /*row_ids=*/host_batch.token_ids);
-      {
-        AutocastScope autocast(parts.device, config.autocast_dtype());
-        loss = vqa_loss(parts.model->forward(batch.images, batch.token_ids, batch.attention_mask),
-                        batch.targets);
-      }
-      faults.after_forward();
-      loss = faults.loss(loss, state.global_step);
-      parts.timer.end_phase(Phase::kForward);
-      const auto micro_loss = loss / static_cast<double>(config.accumulation_steps);
-      (parts.scaler ? parts.scaler->scale(micro_loss) : micro_loss).backward();
-      parts.timer.end_phase(Phase::kBackward);
-    }
+    const bool capture =
+        !replay && parts.graph && parts.graph->capture_due(host_batch, config.batch_per_rank);
+    graph_ran = replay || capture;
+    const torch::Tensor loss =
+        replay    ? replay_step(parts)
+        : capture ? capture_step(parts, batch, epoch, state.global_step)
+                  : eager_micro_step(parts, faults, host_batch, batch, micro, state.global_step);
     compute_cpu_seconds += util::thread_cpu_seconds() - cpu_before;
     step_loss += loss.detach().to(torch::kFloat64) * static_cast<double>(host_batch.size());
     step_samples += host_batch.size();
   }
-  if (!replayed) parts.gradients.finish_backward();  // a replay's ran inside it
+  if (!graph_ran) parts.gradients.finish_backward();  // a graph's ran inside it
   parts.timer.end_phase(Phase::kCommExposed);
 
   // The averaged gradients are the same on every rank, so every rank takes
@@ -375,7 +395,7 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
     }
     parts.timer.end_phase(Phase::kOptimizer);
     parts.timer.end_step();
-    if (!replayed) timeline_add_collectives(parts, state.global_step);
+    if (!graph_ran) timeline_add_collectives(parts, state.global_step);
     ++state.global_step;
     return learnt;
   }
@@ -429,7 +449,7 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
   }
   parts.timer.end_phase(Phase::kOptimizer);
   parts.timer.end_step();
-  if (applied && !replayed) timeline_add_collectives(parts, state.global_step);
+  if (applied && !graph_ran) timeline_add_collectives(parts, state.global_step);
   ++state.global_step;
   return applied ? 0 : 1;
 }

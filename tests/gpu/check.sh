@@ -33,8 +33,8 @@
 #
 # Settings (environment): VQA_GPU_PEAK_TFLOPS (default 989, an H100/H200's
 # dense bf16), VQA_GPU_EPOCHS (default 4: the first warms up, the median of
-# the others is quoted; the bundle's 532 questions make 16 optimiser steps of
-# 2 x 16 per epoch), VQA_GPU_BATCH (per micro-step, default 16), VQA_GPU_STEPS
+# the others is quoted; the bundle's 532 questions make 17 optimiser steps of
+# 2 x 16 per epoch, the last one short), VQA_GPU_BATCH (per micro-step, default 16), VQA_GPU_STEPS
 # (optimiser steps per epoch, default 0: all), VQA_GPU_PRESET
 # (default base), VQA_GPU_UNTIL (the last stage to run: prefix, preflight,
 # build, communicator, graph, bench, sweep or train, the default), VQA_GPU_BENCH=1
@@ -64,6 +64,13 @@ say() { printf 'gpu-check: %s\n' "$*" | tee -a "$summary"; }
 die() { say "FAILED: $*"; exit 1; }
 stage_start=0
 stage() { stage_start=$(date +%s); stage_name=$1; }
+# train_or_die LOG WHAT ARG...: vqa_train on 1 rank with ARGs, its output in
+# $out/LOG; on failure the log's end and the check fails naming WHAT.
+train_or_die() {
+  local log=$out/$1 what=$2
+  shift 2
+  mpirun -np 1 "$work/build/vqa_train" "$@" >"$log" 2>&1 || { tail -n 30 "$log"; die "$what"; }
+}
 until_stage=${VQA_GPU_UNTIL:-train}
 case $until_stage in prefix | preflight | build | communicator | graph | bench | sweep | train) ;; *)
   echo "gpu-check: VQA_GPU_UNTIL must be prefix, preflight, build, communicator, graph, bench, sweep or train, got '$until_stage'" >&2
@@ -217,17 +224,14 @@ graph_flags=(--train-data "$bundle/synth384.h5" --preset "$preset" --device "$de
   --epochs "$graph_epochs" --max-steps-per-epoch "$graph_steps" --eval-every 0 --save-every 0
   --progress off)
 rm -rf "$work/run-graph" "$work/run-eager" "$work/run-eager-nocopy"
-mpirun -np 1 "$work/build/vqa_train" "${graph_flags[@]}" --out "$work/run-graph" \
-  --cuda-graph true >"$out/graph.log" 2>&1 || { tail -n 30 "$out/graph.log"; die "CUDA graph run"; }
-mpirun -np 1 "$work/build/vqa_train" "${graph_flags[@]}" --out "$work/run-eager" \
-  --trim-text-padding false >"$out/graph_eager.log" 2>&1 ||
-  { tail -n 30 "$out/graph_eager.log"; die "eager run beside the CUDA graph run"; }
+train_or_die graph.log "CUDA graph run" "${graph_flags[@]}" --out "$work/run-graph" --cuda-graph true
+train_or_die graph_eager.log "eager run beside the CUDA graph run" "${graph_flags[@]}" \
+  --out "$work/run-eager" --trim-text-padding false
 # The eager run again with the batches copied on the compute stream: the
 # side stream's copies (--copy-stream, the default) must give the same
 # losses to the last bit (the same kernels on the same values).
-mpirun -np 1 "$work/build/vqa_train" "${graph_flags[@]}" --out "$work/run-eager-nocopy" \
-  --trim-text-padding false --copy-stream false >"$out/graph_eager_nocopy.log" 2>&1 ||
-  { tail -n 30 "$out/graph_eager_nocopy.log"; die "eager run with --copy-stream false"; }
+train_or_die graph_eager_nocopy.log "eager run with --copy-stream false" "${graph_flags[@]}" \
+  --out "$work/run-eager-nocopy" --trim-text-padding false --copy-stream false
 "$python" - "$work/run-eager/metrics.jsonl" "$work/run-eager-nocopy/metrics.jsonl" \
   <<'PY' | tee -a "$summary" || die "the side stream's copies changed the losses (above)"
 import json, sys
@@ -287,7 +291,7 @@ if [[ -n ${VQA_GPU_BENCH:-} ]]; then
 fi
 
 # ---- sweep (optional): samples/s of the preset by precision and batch -----------
-# VQA_GPU_SWEEP="bf16:16 bf16:64 fp32:16 bf16:16:--packed-attention": each
+# VQA_GPU_SWEEP="bf16:16 bf16:64 fp32:16 bf16:16:--packed-attention=off": each
 # entry (precision:batch per step[:one more flag]) trains 3 epochs, no
 # evaluation, no checkpoint; the median samples/s of the last two and the step
 # phases are printed. Whether samples/s grows with the batch tells a
@@ -325,19 +329,16 @@ common_flags=(--train-data "$bundle/synth384.h5" --preset "$preset" --device "$d
   --max-steps-per-epoch "${VQA_GPU_STEPS:-0}")
 train_flags=("${common_flags[@]}" --out "$work/run" --eval-every 1 --save-every 1)
 rm -rf "$work/run" "$work/run-fp16"
-mpirun -np 1 "$work/build/vqa_train" "${train_flags[@]}" --precision "$precision" \
-  --epochs "$epochs" >"$out/train.log" 2>&1 || { tail -n 30 "$out/train.log"; die "training run"; }
+train_or_die train.log "training run" "${train_flags[@]}" --precision "$precision" --epochs "$epochs"
 cp "$work/run/metrics.jsonl" "$out/metrics.jsonl"
 # One more epoch from the last checkpoint.
-mpirun -np 1 "$work/build/vqa_train" "${train_flags[@]}" --precision "$precision" \
-  --epochs $((epochs + 1)) --resume auto >"$out/train_resume.log" 2>&1 ||
-  { tail -n 30 "$out/train_resume.log"; die "resumed training run"; }
+train_or_die train_resume.log "resumed training run" "${train_flags[@]}" --precision "$precision" \
+  --epochs $((epochs + 1)) --resume auto
 grep -q 'resumed from' "$out/train_resume.log" || die "the resumed run did not say 'resumed from'"
 say "  resume: $(grep -m1 -o 'resumed from.*' "$out/train_resume.log")"
 # float16 with dynamic loss scaling (on the CPU: the scaler around float32).
-mpirun -np 1 "$work/build/vqa_train" "${common_flags[@]}" --out "$work/run-fp16" --precision fp16 \
-  --epochs 2 --save-every 0 --eval-every 0 >"$out/train_fp16.log" 2>&1 ||
-  { tail -n 30 "$out/train_fp16.log"; die "fp16 training run"; }
+train_or_die train_fp16.log "fp16 training run" "${common_flags[@]}" --out "$work/run-fp16" \
+  --precision fp16 --epochs 2 --save-every 0 --eval-every 0
 say "  fp16: $("$python" -c 'import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); print("loss %.4f, loss scale %g, skipped steps %d, samples/s %.1f" % (r["train_loss"], r.get("loss_scale", 0), r["skipped_steps"], r["samples_per_second"]))' "$work/run-fp16/metrics.jsonl")"
 [[ -n ${sampler:-} ]] && kill "$sampler" 2>/dev/null
 {

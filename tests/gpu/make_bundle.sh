@@ -55,8 +55,8 @@ packages=(
 # 39 MB), and synth keeps about 56 distinct questions per image, so both
 # datasets ask 64 or more per image.
 # The training stage's dataset: 532 questions on 10 images of 384 px (5 MB),
-# 16 optimiser steps of 2 x 16 per epoch, enough for a steady samples/s on a
-# fast GPU.
+# 17 optimiser steps of 2 x 16 per epoch (the last one short), enough for a
+# steady samples/s on a fast GPU.
 "$build/vqa_prep" synth --train-questions 600 --test-questions 32 --image-size 384 \
   --questions-per-image 64 -o "$bundle/synth384.h5" >/dev/null
 # The side-by-side benchmark's (check.sh's bench stage, jobs/bench_gpu.sh):

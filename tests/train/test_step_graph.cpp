@@ -6,9 +6,16 @@
 // eager losses there); here a CUDA device is only named, never used.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
 
 #include "runtime/communicator.h"  // communicator_create
 #include "runtime/cuda_graph.h"    // cuda_graph_unavailable_reason
+#include "train/config.h"          // config_parse, config_to_ini
 #include "train/gradient_sync.h"   // GradientSynchronizer
 #include "train/setup.h"           // packed_attention_wanted
 #include "train/step_graph.h"      // step_graph_plan
@@ -104,6 +111,73 @@ TEST(GpuDefaults, PackedAttentionAutoIsOnOnAGpuOnly) {
     EXPECT_TRUE(packed_attention_wanted(PackedAttention::kOn, device));
     EXPECT_FALSE(packed_attention_wanted(PackedAttention::kOff, device));
   }
+}
+
+// The warm-up: three eager steps, then the next full batch is captured (a
+// short one is left eager); before a capture nothing is replayable and no
+// eager step is worth a log line. The capture itself needs CUDA, and on the
+// CPU it is refused.
+TEST(StepGraphWarmup, CapturesTheFirstFullBatchAfterThreeEagerSteps) {
+  const auto batch_of = [](int64_t samples) {
+    vqa::data::Batch batch;
+    batch.question_ids = torch::arange(samples);
+    batch.images = torch::zeros({samples, 3, 8, 8});
+    batch.token_ids = torch::zeros({samples, 4}, torch::kInt64);
+    batch.attention_mask = torch::ones({samples, 4}, torch::kInt64);
+    batch.targets = torch::zeros({samples, 2});
+    return batch;
+  };
+  const auto full = batch_of(8), short_batch = batch_of(5);
+  vqa::train::StepGraph graph(torch::Device(torch::kCPU));
+  ASSERT_EQ(vqa::train::StepGraph::kWarmupSteps, 3);
+  for (int64_t step = 0; step < 3; ++step) {
+    EXPECT_FALSE(graph.capture_due(full, /*full_batch=*/8)) << "step " << step;
+    EXPECT_FALSE(graph.replayable(full));
+    EXPECT_EQ(graph.note_eager_step(full, step), "");
+  }
+  EXPECT_TRUE(graph.capture_due(full, 8));
+  EXPECT_FALSE(graph.capture_due(short_batch, 8));
+  EXPECT_EQ(graph.note_eager_step(short_batch, 3), "");  // not captured: nothing to compare with
+  EXPECT_TRUE(graph.capture_due(full, 8));
+  EXPECT_THROW(graph.capture(full, [](const vqa::data::Batch&) { return torch::zeros({}); }),
+               std::exception);
+}
+
+// --packed-attention as users write it: alone (on), with a mode, with the
+// bool spellings it took before it had a mode, and read back from the INI
+// file vqa_train saves (config_to_ini) through --config.
+TEST(GpuDefaults, PackedAttentionParsesEveryFormAndRoundTripsThroughTheIni) {
+  using vqa::train::PackedAttention;
+  const auto parse = [](std::vector<std::string> arguments) {
+    arguments.insert(arguments.begin(), "vqa_train");
+    std::vector<char*> argv;
+    for (auto& argument : arguments) argv.push_back(argument.data());
+    vqa::train::TrainConfig config;
+    EXPECT_TRUE(vqa::train::config_parse(static_cast<int>(argv.size()), argv.data(), 0, config));
+    return config;
+  };
+  EXPECT_EQ(parse({}).packed_attention, PackedAttention::kAuto);
+  EXPECT_EQ(parse({"--packed-attention"}).packed_attention, PackedAttention::kOn);
+  const auto followed = parse({"--packed-attention", "--epochs", "3"});
+  EXPECT_EQ(followed.packed_attention, PackedAttention::kOn);
+  EXPECT_EQ(followed.epochs, 3);
+  for (const char* on : {"on", "true", "yes", "1"}) {
+    EXPECT_EQ(parse({"--packed-attention", on}).packed_attention, PackedAttention::kOn) << on;
+  }
+  for (const char* off : {"off", "false", "no", "0"}) {
+    EXPECT_EQ(parse({"--packed-attention", off}).packed_attention, PackedAttention::kOff) << off;
+  }
+  const std::string ini = (std::filesystem::temp_directory_path() /
+                           ("step_graph_test_" + std::to_string(::getpid()) + ".ini"))
+                              .string();
+  for (const PackedAttention mode :
+       {PackedAttention::kAuto, PackedAttention::kOn, PackedAttention::kOff}) {
+    vqa::train::TrainConfig saved;
+    saved.packed_attention = mode;
+    std::ofstream(ini) << vqa::train::config_to_ini(saved);
+    EXPECT_EQ(parse({"--config", ini}).packed_attention, mode);
+  }
+  std::filesystem::remove(ini);
 }
 
 // A replayed step ran the captured step's collectives inside the graph:

@@ -193,7 +193,6 @@ TEST_F(TrainingRuns, CudaGraphWhereCaptureCannotWorkIsTheEagerPathWithPaddedQues
                               "with --cuda-graph"),
             std::string::npos)
       << graph_output;
-  EXPECT_EQ(graph_output.find("CUDA graph: captured"), std::string::npos) << graph_output;
 }
 
 TEST_F(TrainingRuns, ResumeContinuesExactlyAndAtAnotherRankCount) {
