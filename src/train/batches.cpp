@@ -4,9 +4,6 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
-#include <utility>
-#include <vector>
-
 #include "runtime/check.h"  // fatal_user_error
 
 namespace vqa::train {
@@ -19,26 +16,13 @@ bool next_batch_or_exit(data::ShardedLoader& loader, data::Batch& batch) {
   }
 }
 
-data::Batch batch_to_device(const data::Batch& batch, const torch::Device& device) {
-  if (device.is_cpu()) return batch;
-  data::Batch moved = batch;
-  moved.images = batch.images.to(device, /*non_blocking=*/true);
-  moved.token_ids = batch.token_ids.to(device, /*non_blocking=*/true);
-  moved.attention_mask = batch.attention_mask.to(device, /*non_blocking=*/true);
-  moved.targets = batch.targets.to(device, /*non_blocking=*/true);
-  moved.answer_type = batch.answer_type.to(device, /*non_blocking=*/true);
-  moved.valid = batch.valid.to(device, /*non_blocking=*/true);
-  moved.question_type = batch.question_type.to(device, /*non_blocking=*/true);
-  return moved;
-}
-
 namespace {
 
-// The batch's tensors that batch_to_device moves.
-std::vector<torch::Tensor> device_tensors(const data::Batch& batch) {
-  return {batch.images,      batch.token_ids, batch.attention_mask, batch.targets,
-          batch.answer_type, batch.valid,     batch.question_type};
-}
+// The batch's tensors the step reads on the device (the rest stay on the host).
+constexpr torch::Tensor data::Batch::*kDeviceFields[] = {
+    &data::Batch::images,       &data::Batch::token_ids,   &data::Batch::attention_mask,
+    &data::Batch::targets,      &data::Batch::answer_type, &data::Batch::valid,
+    &data::Batch::question_type};
 
 c10::Stream side_stream(const torch::Device& device, bool enabled) {
   if (!enabled) return c10::Stream(c10::Stream::DEFAULT, device);
@@ -46,6 +30,15 @@ c10::Stream side_stream(const torch::Device& device, bool enabled) {
 }
 
 }  // namespace
+
+data::Batch batch_to_device(const data::Batch& batch, const torch::Device& device) {
+  if (device.is_cpu()) return batch;
+  data::Batch moved = batch;
+  for (const auto field : kDeviceFields) {
+    moved.*field = (batch.*field).to(device, /*non_blocking=*/true);
+  }
+  return moved;
+}
 
 DeviceBatchCopy::DeviceBatchCopy(const torch::Device& device, bool enabled)
     : device_(device),
@@ -64,8 +57,8 @@ data::Batch DeviceBatchCopy::to_device(const data::Batch& host) {
   c10::Event copied(device_.type());
   copied.record(side_);
   copied.block(compute);
-  for (const auto& tensor : device_tensors(moved)) {
-    if (tensor.defined()) guard.recordDataPtrOnStream(tensor.storage().data_ptr(), compute);
+  for (const auto field : kDeviceFields) {
+    guard.recordDataPtrOnStream((moved.*field).storage().data_ptr(), compute);
   }
   return moved;
 }

@@ -15,9 +15,10 @@ std::string shape_text(const torch::Tensor& tensor) {
   return text.str();
 }
 
-bool same_shape(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.defined() && b.defined() && a.sizes() == b.sizes();
-}
+// The model's inputs: what the graph reads from its static input.
+constexpr torch::Tensor data::Batch::*kModelInputs[] = {
+    &data::Batch::images, &data::Batch::token_ids, &data::Batch::attention_mask,
+    &data::Batch::targets};
 
 }  // namespace
 
@@ -55,10 +56,12 @@ static_assert(StepGraph::kWarmupSteps == 3, "--cuda-graph's help (config.cpp) sa
 StepGraph::StepGraph(const torch::Device& device) : device_(device) {}
 
 bool StepGraph::replayable(const data::Batch& host_batch) const {
-  return captured() && same_shape(host_batch.images, input_.images) &&
-         same_shape(host_batch.token_ids, input_.token_ids) &&
-         same_shape(host_batch.attention_mask, input_.attention_mask) &&
-         same_shape(host_batch.targets, input_.targets);
+  if (!captured()) return false;
+  for (const auto field : kModelInputs) {
+    const torch::Tensor& given = host_batch.*field;
+    if (!given.defined() || given.sizes() != (input_.*field).sizes()) return false;
+  }
+  return true;
 }
 
 std::string StepGraph::note_eager_step(const data::Batch& host_batch, int64_t global_step) {
@@ -82,10 +85,9 @@ torch::Tensor StepGraph::capture(const data::Batch& device_batch,
 
 void StepGraph::load(const data::Batch& batch) {
   VQA_CHECK(replayable(batch), "a batch of shapes the CUDA graph was not captured for");
-  input_.images.copy_(batch.images, /*non_blocking=*/true);
-  input_.token_ids.copy_(batch.token_ids, /*non_blocking=*/true);
-  input_.attention_mask.copy_(batch.attention_mask, /*non_blocking=*/true);
-  input_.targets.copy_(batch.targets, /*non_blocking=*/true);
+  for (const auto field : kModelInputs) {
+    (input_.*field).copy_(batch.*field, /*non_blocking=*/true);
+  }
 }
 
 torch::Tensor StepGraph::replay() {
