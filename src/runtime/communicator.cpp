@@ -56,6 +56,32 @@ void Communicator::library_allreduce_sum(const torch::Tensor& /*buffer*/) {
   throw std::logic_error("library_allreduce_sum: only the MPI backend runs the MPI library");
 }
 
+std::string nccl_graph_capture_unavailable(int version) {
+  // ncclGetVersion's code: major x 1000 + minor x 100 + patch up to 2.8,
+  // major x 10000 + minor x 100 + patch from 2.9 on.
+  const bool old_code = version < 10000;
+  const int major = old_code ? version / 1000 : version / 10000;
+  const int minor = (old_code ? version % 1000 : version % 10000) / 100;
+  const int patch = version % 100;
+  if (!old_code && version >= 20906) return "";  // 2.9.6: collectives under stream capture
+  return "NCCL " + std::to_string(major) + "." + std::to_string(minor) + "." +
+         std::to_string(patch) +
+         " cannot be captured into a CUDA graph (NCCL 2.9.6 or later can: load a newer "
+         "libnccl)";
+}
+
+std::string graph_capture_unavailable(Backend requested, const torch::Device& device) {
+  const Backend backend = requested == Backend::kAuto ? backend_for_device(device) : requested;
+  if (backend == Backend::kMpi) {
+    return "the MPI backend's collectives run on the host; NCCL's are captured";
+  }
+#ifdef VQA_HAVE_NCCL
+  return nccl_graph_capture_unavailable(nccl_runtime_version());
+#else
+  return "this build has no NCCL backend";
+#endif
+}
+
 int cuda_device_for(const RankInfo& info) {
   const int visible = cuda_device_count();
   const CudaDeviceChoice choice = cuda_device_choice(visible, info.local_rank, info.local_size);

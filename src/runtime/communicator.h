@@ -177,6 +177,16 @@ class Communicator {
   TrainingPosition position_;
 };
 
+// "" when the collectives of backend `requested` (kAuto: from the device)
+// can be captured into a CUDA graph, else why not, for the log: the MPI
+// backend's run on the host; NCCL's can from NCCL 2.9.6 on (the library
+// this process loaded, not the header it was built with). Needs no
+// communicator: the run decides before it makes one.
+std::string graph_capture_unavailable(Backend requested, const torch::Device& device);
+// The reason NCCL of version code `version` (ncclGetVersion's) cannot be
+// captured, or "" from 2.9.6 on.
+std::string nccl_graph_capture_unavailable(int version);
+
 // Creates the communicator for `requested` (kAuto: from the device). Every
 // rank must call it at the same point; the NCCL backend shares rank 0's
 // unique id with MPI_Bcast and binds this rank to GPU local_rank.

@@ -11,5 +11,6 @@ std::unique_ptr<Communicator> mpi_communicator_create(const RankInfo& info, MpiA
 // Defined only when the NCCL backend is built (VQA_HAVE_NCCL).
 std::unique_ptr<Communicator> nccl_communicator_create(const RankInfo& info);
 int nccl_cuda_device_count();
+int nccl_runtime_version();  // ncclGetVersion's code
 
 }  // namespace vqa::runtime

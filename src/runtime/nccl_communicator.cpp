@@ -288,6 +288,12 @@ int nccl_cuda_device_count() {
   return count;
 }
 
+int nccl_runtime_version() {
+  int version = 0;
+  VQA_CHECK_NCCL(ncclGetVersion(&version));
+  return version;
+}
+
 std::unique_ptr<Communicator> nccl_communicator_create(const RankInfo& info) {
   return std::make_unique<NcclCommunicator>(info);
 }

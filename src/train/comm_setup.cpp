@@ -54,7 +54,7 @@ double allreduce_probe_latency_seconds(runtime::Communicator& comm, const torch:
 
 RowSyncChoice row_sync_choice(const TrainConfig& config, int world_size,
                               const std::vector<NamedTensor>& parameters,
-                              int64_t max_question_length, RunLog& log) {
+                              int64_t max_question_length, bool graph_captured, RunLog& log) {
   const std::string name = model::kWordEmbeddingParameter;
   const std::string option =
       "--sparse-embedding-sync " +
@@ -78,7 +78,7 @@ RowSyncChoice row_sync_choice(const TrainConfig& config, int world_size,
     }
     return {};
   }
-  if (config.cuda_graph) {
+  if (graph_captured) {
     log.info("word embedding sync: whole table (" + option +
              " with --cuda-graph: the rows synchronised would change every step, and a graph "
              "replays fixed shapes)");

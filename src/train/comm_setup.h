@@ -47,14 +47,16 @@ double allreduce_probe_latency_seconds(runtime::Communicator& comm, const torch:
 // embedding (a model without one is refused); auto: the same when more than
 // one rank communicates and a step's token positions (global batch x
 // question length) are fewer than the table's rows, so that it surely sends
-// fewer bytes; off, one rank or --no-comm: none. Logs the choice and why.
+// fewer bytes; off, one rank, --no-comm, or auto where the step is captured
+// as a CUDA graph (`graph_captured`: the rows would change every step, the
+// graph replays fixed shapes): none. Logs the choice and why.
 struct RowSyncChoice {
   std::string parameter;
   int64_t expected_rows = 0;
 };
 RowSyncChoice row_sync_choice(const TrainConfig& config, int world_size,
                               const std::vector<NamedTensor>& parameters,
-                              int64_t max_question_length, RunLog& log);
+                              int64_t max_question_length, bool graph_captured, RunLog& log);
 
 // The buckets' options; `bucket_mb` is gradient_bucket_mb's answer.
 GradientSyncOptions gradient_sync_options_from(const TrainConfig& config, double bucket_mb,

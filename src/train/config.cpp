@@ -151,7 +151,8 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "averaging (NCCL) as a CUDA graph and replay it every step: no host launch cost per "
            "kernel. Pads questions to the dataset's length (as --trim-text-padding false) for "
            "fixed shapes; a batch of other shapes runs eagerly; where capture cannot work (the "
-           "CPU, the MPI backend, accumulation) every step is eager and train.log says why")
+           "CPU, the MPI backend, NCCL before 2.9.6, accumulation) the run is the one without "
+           "the option and train.log says why")
       .add("copy-stream", &c.copy_stream,
            "GPU: copy each training batch to the device on a side stream, beside the work "
            "queued before it, which the compute stream then waits for through an event (no "
@@ -375,7 +376,6 @@ void config_finalize(TrainConfig& c, int world_size) {
           "step and a CUDA graph replays fixed shapes; use --sparse-embedding-sync off or auto "
           "(auto synchronises the whole table under --cuda-graph)");
     }
-    c.trim_text_padding = false;  // one question length: the graph's shapes are fixed
   }
   if (c.eval_only && c.init_from.empty() && c.resume.empty()) {
     fatal_user_error(

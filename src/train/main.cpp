@@ -52,6 +52,7 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
   const torch::Device device = train::setup_device(config, rank);
   train::RunLog log(config.out, /*writer=*/rank.rank == 0);
   if (rank.rank == 0) runtime::warn_if_reference_blas();
+  const train::StepGraphPlan graph_plan = train::plan_step_graph(config, device, log);
 
   // ---- data -----------------------------------------------------------------
   // Node-local copies that differ would hang the collective HDF5 open.
@@ -72,13 +73,14 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
   model->to(device);
   auto comm = runtime::communicator_create(config.backend, device, config.mpi_allreduce);
   train::broadcast_module_state(*model, *comm);
-  const auto step_graph = train::setup_step_graph(config, device, *comm, log);  // --cuda-graph
+  const auto step_graph = train::setup_step_graph(graph_plan, device);  // --cuda-graph
   train::VqaOptimizer optimizer(
       model, train::optimizer_settings_from(config, steps_per_epoch * config.epochs));
   auto parameters = train::trainable_parameters(model);
   const double bucket_mb = train::gradient_bucket_mb(config, *comm, parameters, device, log);
-  const train::RowSyncChoice row_sync = train::row_sync_choice(
-      config, rank.world_size, parameters, train_loader.info().max_question_length, log);
+  const train::RowSyncChoice row_sync =
+      train::row_sync_choice(config, rank.world_size, parameters,
+                             train_loader.info().max_question_length, graph_plan.capture, log);
   train::GradientSynchronizer gradients(
       std::move(parameters), *comm, train::gradient_sync_options_from(config, bucket_mb, row_sync));
   if (config.shard_optimizer) {

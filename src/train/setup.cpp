@@ -87,11 +87,18 @@ void setup_packed_attention(const TrainConfig& config, const torch::Device& devi
   }
 }
 
-std::unique_ptr<StepGraph> setup_step_graph(const TrainConfig& config, const torch::Device& device,
-                                            const runtime::Communicator& comm, RunLog& log) {
+StepGraphPlan plan_step_graph(TrainConfig& config, const torch::Device& device, RunLog& log) {
+  if (!config.cuda_graph) return {};
   const StepGraphPlan plan =
-      step_graph_plan(config, device, comm.backend(), runtime::cuda_graph_unavailable_reason());
-  if (const std::string line = step_graph_plan_describe(plan); !line.empty()) log.info(line);
+      step_graph_plan(config, device, runtime::cuda_graph_unavailable_reason(),
+                      runtime::graph_capture_unavailable(config.backend, device));
+  log.info(step_graph_plan_describe(plan));
+  if (plan.capture) config.trim_text_padding = false;  // one question length: fixed shapes
+  return plan;
+}
+
+std::unique_ptr<StepGraph> setup_step_graph(const StepGraphPlan& plan,
+                                            const torch::Device& device) {
   if (!plan.capture) return nullptr;
   runtime::cuda_make_pool_stream_current(device);  // before the gradient hooks: cuda_graph.h
   return std::make_unique<StepGraph>(device);

@@ -47,13 +47,18 @@ bool packed_attention_wanted(PackedAttention mode, const torch::Device& device);
 void setup_packed_attention(const TrainConfig& config, const torch::Device& device,
                             model::M3AE& model, RunLog& log);
 
-// --cuda-graph: the step graph where capture can work on this device, build
-// and backend (step_graph_plan), nullptr otherwise; the log says which and
-// why. With a graph, the rest of the run computes on a side stream
+// --cuda-graph: whether capture can work on this device, build and backend
+// (step_graph_plan); the log says which and why. Call before the loaders
+// are opened: a captured step needs fixed shapes, so where the plan
+// captures, `config` pads every question to the dataset's length
+// (trim_text_padding off); where it does not, the run is the one without
+// --cuda-graph.
+StepGraphPlan plan_step_graph(TrainConfig& config, const torch::Device& device, RunLog& log);
+// The step graph where `plan` captures, nullptr otherwise. With a graph, the
+// rest of the run computes on a side stream
 // (runtime::cuda_make_pool_stream_current): call before the gradient buckets
 // and the optimiser are made.
-std::unique_ptr<StepGraph> setup_step_graph(const TrainConfig& config, const torch::Device& device,
-                                            const runtime::Communicator& comm, RunLog& log);
+std::unique_ptr<StepGraph> setup_step_graph(const StepGraphPlan& plan, const torch::Device& device);
 
 // ---- data (setup_data.cpp) ----
 

@@ -23,13 +23,11 @@ constexpr torch::Tensor data::Batch::*kModelInputs[] = {
 }  // namespace
 
 StepGraphPlan step_graph_plan(const TrainConfig& config, const torch::Device& device,
-                              runtime::Backend backend, const std::string& unavailable) {
+                              const std::string& unavailable, const std::string& comm_unavailable) {
   if (!config.cuda_graph) return {};
   if (!device.is_cuda()) return {false, "the device is the CPU"};
   if (!unavailable.empty()) return {false, unavailable};
-  if (backend == runtime::Backend::kMpi && !config.no_comm) {
-    return {false, "the MPI backend's collectives run on the host; NCCL's are captured"};
-  }
+  if (!comm_unavailable.empty() && !config.no_comm) return {false, comm_unavailable};
   if (config.accumulation_steps > 1) {
     return {false, std::to_string(config.accumulation_steps) +
                        " micro-steps per optimiser step (accumulation): one graph is captured "

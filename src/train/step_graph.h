@@ -12,11 +12,12 @@
 // checks, clipping and the optimiser run eagerly after the replay (their
 // few fused kernels, and the learning rate the host sets each step).
 //
-// Shapes are fixed for the replay: --cuda-graph pads every question to the
-// dataset's length (as --trim-text-padding false); a batch of another shape
-// (a short last batch) runs eagerly, and the log says so once. Where capture
-// cannot work the whole run is eager and train.log says why
-// (step_graph_plan).
+// Shapes are fixed for the replay: a captured run pads every question to
+// the dataset's length (as --trim-text-padding false); a batch of another
+// shape (a short last batch) runs eagerly, and the log says so once. Where
+// capture cannot work the run is the one without --cuda-graph (questions
+// trimmed, the word embedding's sync chosen as without it) and train.log
+// says why (step_graph_plan).
 #pragma once
 
 #include <torch/torch.h>
@@ -25,10 +26,9 @@
 #include <memory>
 #include <string>
 
-#include "data/loader.h"           // Batch
-#include "runtime/communicator.h"  // Backend
-#include "runtime/cuda_graph.h"    // CudaGraph
-#include "train/config.h"          // TrainConfig
+#include "data/loader.h"         // Batch
+#include "runtime/cuda_graph.h"  // CudaGraph
+#include "train/config.h"        // TrainConfig
 
 namespace vqa::train {
 
@@ -40,10 +40,12 @@ struct StepGraphPlan {
 
 // Whether this run captures its steps: --cuda-graph, on a CUDA device, in a
 // build that can capture (`unavailable` is runtime::cuda_graph_unavailable_reason()),
-// with collectives that run on the device (NCCL, or none), one micro-step
-// per optimiser step, and no test fault inside the step.
+// with collectives that can be captured (`comm_unavailable` is the
+// communicator's graph_capture_unavailable(): NCCL 2.9.6 or later; none
+// with --no-comm), one micro-step per optimiser step, and no test fault
+// inside the step.
 StepGraphPlan step_graph_plan(const TrainConfig& config, const torch::Device& device,
-                              runtime::Backend backend, const std::string& unavailable);
+                              const std::string& unavailable, const std::string& comm_unavailable);
 
 // The line train.log gets for the plan ("" when --cuda-graph is off).
 std::string step_graph_plan_describe(const StepGraphPlan& plan);

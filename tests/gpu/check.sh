@@ -206,7 +206,9 @@ stage_done
 # ---- 2b. graph: a CUDA-graph run against the eager run, 20 steps -------------------
 # The same 20 optimiser steps (5 epochs of 4, batch VQA_GPU_BATCH, bfloat16,
 # dropout 0 so that no random draw differs) with --cuda-graph true and with
-# --trim-text-padding false (the graph run pads questions the same way).
+# --trim-text-padding false (the captured run pads questions the same way;
+# on the CPU, where nothing is captured and the option changes nothing, the
+# eager run trims them as the graph run does).
 # Tolerance: each epoch's mean training loss within 1e-2 relative. Then the
 # projection to 8 and 64 GPUs from each run (vqa_project) on four fabrics. A replay
 # runs the kernels the eager step launches, on the same inputs, so only
@@ -223,15 +225,17 @@ graph_flags=(--train-data "$bundle/synth384.h5" --preset "$preset" --device "$de
   --global-batch "$batch" --batch-per-rank "$batch" --precision "$graph_precision" --dropout 0
   --epochs "$graph_epochs" --max-steps-per-epoch "$graph_steps" --eval-every 0 --save-every 0
   --progress off)
+eager_padding=(--trim-text-padding false)
+[[ $device == cpu ]] && eager_padding=()
 rm -rf "$work/run-graph" "$work/run-eager" "$work/run-eager-nocopy"
 train_or_die graph.log "CUDA graph run" "${graph_flags[@]}" --out "$work/run-graph" --cuda-graph true
 train_or_die graph_eager.log "eager run beside the CUDA graph run" "${graph_flags[@]}" \
-  --out "$work/run-eager" --trim-text-padding false
+  --out "$work/run-eager" "${eager_padding[@]}"
 # The eager run again with the batches copied on the compute stream: the
 # side stream's copies (--copy-stream, the default) must give the same
 # losses to the last bit (the same kernels on the same values).
 train_or_die graph_eager_nocopy.log "eager run with --copy-stream false" "${graph_flags[@]}" \
-  --out "$work/run-eager-nocopy" --trim-text-padding false --copy-stream false
+  --out "$work/run-eager-nocopy" "${eager_padding[@]}" --copy-stream false
 "$python" - "$work/run-eager/metrics.jsonl" "$work/run-eager-nocopy/metrics.jsonl" \
   <<'PY' | tee -a "$summary" || die "the side stream's copies changed the losses (above)"
 import json, sys

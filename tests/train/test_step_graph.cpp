@@ -38,22 +38,24 @@ TrainConfig graph_config(int world_size) {
 }
 
 TEST(StepGraphPlan, CapturesWhereEveryConditionHolds) {
-  const auto one = step_graph_plan(graph_config(1), kGpu, Backend::kNccl, /*unavailable=*/"");
+  const auto one =
+      step_graph_plan(graph_config(1), kGpu, /*unavailable=*/"", /*comm_unavailable=*/"");
   EXPECT_TRUE(one.capture);
   EXPECT_EQ(one.reason, "");
-  const auto two = step_graph_plan(graph_config(2), kGpu, Backend::kNccl, "");
+  const auto two = step_graph_plan(graph_config(2), kGpu, "", "");
   EXPECT_TRUE(two.capture);
   EXPECT_NE(step_graph_plan_describe(two).find("CUDA graph: on: after 3 eager steps"),
             std::string::npos);
   auto no_comm = graph_config(2);
   no_comm.no_comm = true;  // no collective at all: the backend does not matter
-  EXPECT_TRUE(step_graph_plan(no_comm, kGpu, Backend::kMpi, "").capture);
+  const std::string mpi = vqa::runtime::graph_capture_unavailable(Backend::kMpi, kGpu);
+  EXPECT_TRUE(step_graph_plan(no_comm, kGpu, "", mpi).capture);
 }
 
 TEST(StepGraphPlan, OffSaysNothing) {
   auto config = graph_config(2);
   config.cuda_graph = false;
-  const auto plan = step_graph_plan(config, kGpu, Backend::kNccl, "");
+  const auto plan = step_graph_plan(config, kGpu, "", "");
   EXPECT_FALSE(plan.capture);
   EXPECT_EQ(step_graph_plan_describe(plan), "");
 }
@@ -62,8 +64,7 @@ TEST(StepGraphPlan, EachObstacleIsNamed) {
   struct Row {
     TrainConfig config;
     torch::Device device;
-    Backend backend;
-    std::string unavailable;
+    std::string unavailable, comm_unavailable;
     std::string reason_part;
   };
   auto accumulation = graph_config(2);
@@ -72,21 +73,42 @@ TEST(StepGraphPlan, EachObstacleIsNamed) {
   nan_fault.faults.nan_step = 3;
   auto slow_fault = graph_config(2);
   slow_fault.faults.slow_rank = 1;
+  // The MPI backend's reason as the run asks for it (--backend auto on the
+  // CPU, or mpi); NCCL's, which needs the library, from its version code
+  // (graph_capture_unavailable passes ncclGetVersion's).
+  const std::string mpi = vqa::runtime::graph_capture_unavailable(Backend::kAuto, torch::kCPU);
+  EXPECT_EQ(vqa::runtime::graph_capture_unavailable(Backend::kMpi, kGpu), mpi);
+  const std::string nccl_2_8 = vqa::runtime::nccl_graph_capture_unavailable(2804);
   const std::vector<Row> rows = {
-      {graph_config(2), torch::Device(torch::kCPU), Backend::kMpi, "", "the device is the CPU"},
-      {graph_config(2), kGpu, Backend::kNccl, "no CUDA here", "no CUDA here"},
-      {graph_config(2), kGpu, Backend::kMpi, "", "the MPI backend's collectives run on the host"},
-      {graph_config(1), kGpu, Backend::kMpi, "", "the MPI backend's collectives run on the host"},
-      {accumulation, kGpu, Backend::kNccl, "", "4 micro-steps per optimiser step"},
-      {nan_fault, kGpu, Backend::kNccl, "", "--test-nan-step"},
-      {slow_fault, kGpu, Backend::kNccl, "", "--test-slow-rank"},
+      {graph_config(2), torch::Device(torch::kCPU), "", mpi, "the device is the CPU"},
+      {graph_config(2), kGpu, "no CUDA here", "", "no CUDA here"},
+      {graph_config(2), kGpu, "", mpi, "the MPI backend's collectives run on the host"},
+      {graph_config(1), kGpu, "", mpi, "the MPI backend's collectives run on the host"},
+      {graph_config(2), kGpu, "", nccl_2_8, "NCCL 2.8.4 cannot be captured"},
+      {accumulation, kGpu, "", "", "4 micro-steps per optimiser step"},
+      {nan_fault, kGpu, "", "", "--test-nan-step"},
+      {slow_fault, kGpu, "", "", "--test-slow-rank"},
   };
   for (const auto& row : rows) {
-    const auto plan = step_graph_plan(row.config, row.device, row.backend, row.unavailable);
+    const auto plan =
+        step_graph_plan(row.config, row.device, row.unavailable, row.comm_unavailable);
     EXPECT_FALSE(plan.capture) << row.reason_part;
     EXPECT_NE(plan.reason.find(row.reason_part), std::string::npos) << plan.reason;
     EXPECT_EQ(step_graph_plan_describe(plan), "CUDA graph: eager steps (" + plan.reason + ")");
   }
+}
+
+// NCCL captures collectives from 2.9.6 on; ncclGetVersion's code changed
+// its layout at 2.9 (2.8.4 is 2804, 2.9.6 is 20906).
+TEST(StepGraphPlan, NcclVersionsBefore296AreNamed) {
+  using vqa::runtime::nccl_graph_capture_unavailable;
+  EXPECT_NE(nccl_graph_capture_unavailable(2804).find("NCCL 2.8.4 cannot be captured"),
+            std::string::npos);
+  EXPECT_NE(nccl_graph_capture_unavailable(20905).find("NCCL 2.9.5 cannot be captured"),
+            std::string::npos);
+  EXPECT_EQ(nccl_graph_capture_unavailable(20906), "");
+  EXPECT_EQ(nccl_graph_capture_unavailable(22105), "");  // 2.21.5
+  EXPECT_EQ(nccl_graph_capture_unavailable(30001), "");  // a 3.0.1 to come
 }
 
 // A CPU LibTorch (1.13 or 2.x) says why it cannot capture, and refuses a graph.
