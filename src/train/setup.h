@@ -52,7 +52,7 @@ void setup_packed_attention(const TrainConfig& config, const torch::Device& devi
 // are opened: a captured step needs fixed shapes, so where the plan
 // captures, `config` pads every question to the dataset's length
 // (trim_text_padding off); where it does not, the run is the one without
-// --cuda-graph.
+// --cuda-graph. Collective: every rank must come to the same plan.
 StepGraphPlan plan_step_graph(TrainConfig& config, const torch::Device& device, RunLog& log);
 // The step graph where `plan` captures, nullptr otherwise. With a graph, the
 // rest of the run computes on a side stream
