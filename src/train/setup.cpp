@@ -92,11 +92,12 @@ StepGraphPlan plan_step_graph(TrainConfig& config, const torch::Device& device, 
   const StepGraphPlan plan =
       step_graph_plan(config, device, runtime::cuda_graph_unavailable_reason(),
                       runtime::graph_capture_unavailable(config.backend, device));
-  log.info(step_graph_plan_describe(plan));
+  const std::string line = step_graph_plan_describe(plan);
+  log.info(line);
   // Every rank must decide alike (a rank that pads and syncs the whole word
   // embedding beside one that does not would send other collectives): the
   // NCCL library, say, is each node's own.
-  require_same_setting_on_all_ranks("CUDA graph plan", step_graph_plan_describe(plan));
+  require_same_setting_on_all_ranks("CUDA graph plan", line);
   if (plan.capture) config.trim_text_padding = false;  // one question length: fixed shapes
   return plan;
 }
