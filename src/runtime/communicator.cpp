@@ -63,7 +63,7 @@ std::string nccl_graph_capture_unavailable(int version) {
   const int major = old_code ? version / 1000 : version / 10000;
   const int minor = (old_code ? version % 1000 : version % 10000) / 100;
   const int patch = version % 100;
-  if (!old_code && version >= 20906) return "";  // 2.9.6: collectives under stream capture
+  if (version >= 20906) return "";  // 2.9.6: collectives under stream capture
   return "NCCL " + std::to_string(major) + "." + std::to_string(minor) + "." +
          std::to_string(patch) +
          " cannot be captured into a CUDA graph (NCCL 2.9.6 or later can: load a newer "

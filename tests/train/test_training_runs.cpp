@@ -171,14 +171,10 @@ TEST_F(TrainingRuns, ClippingMatchesAcrossRankCountsAndBf16AllreduceStaysClose) 
   EXPECT_LT(bf16, 2e-2);
 }
 
-// --cuda-graph where capture cannot work (here the CPU) runs every step
-// eagerly with the questions padded to the dataset's length: the same
-// parameters to the last bit as --trim-text-padding false, and train.log says
-// why there is no graph; --sparse-embedding-sync auto then keeps the whole
-// table (a graph replays fixed shapes).
-// Where the plan does not capture, --cuda-graph changes nothing: questions
-// are trimmed and the word embedding's sync chosen as without it (a graph
-// would pad and sync the whole table), so the weights are equal to the last bit.
+// --cuda-graph where capture cannot work (here the CPU) changes nothing:
+// questions are trimmed and the word embedding's sync chosen as without it
+// (a captured run would pad and sync the whole table), so the weights are
+// equal to the last bit, and train.log says why there is no graph.
 TEST_F(TrainingRuns, CudaGraphWhereCaptureCannotWorkIsTheRunWithoutIt) {
   const std::string common =
       " --epochs 1 --max-steps-per-epoch 6 --global-batch 16 --batch-per-rank 8 "
