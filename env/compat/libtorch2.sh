@@ -13,7 +13,8 @@
 #               a changed list installs what is missing)
 #   cpu-build   configure and build the whole tree against LibTorch 2.6
 #               (CPU); npm ci of env/npm (the tests' JavaScript reference)
-#   cpu-test    the whole CTest suite, as tests/run_all.sh runs it
+#   cpu-test    the whole CTest suite, as tests/run_all.sh runs it (with
+#               VQA_LT2_CTEST's selection, which must match a test)
 #   cuda-root   unpack (dpkg -x, never install) the CUDA LibTorch 2.6
 #               (libtorch-cuda-dev, contrib) into /opt/libtorch-cuda, and the
 #               CUDA 12.4 toolkit (non-free) and NCCL 2.22 (contrib) into the
@@ -32,7 +33,10 @@
 #   VQA_LT2_JOBS    parallel compile jobs (default 2)
 #   VQA_LT2_TARGETS cpu-build builds only these targets (e.g. "test_model"; default all)
 #   VQA_LT2_CUDA_TARGETS  cuda-build likewise (default all)
-#   VQA_LT2_CTEST   extra ctest arguments for cpu-test (e.g. "-R model")
+#   VQA_LT2_CTEST   extra ctest arguments for cpu-test (e.g. "-R model"); a
+#                   selection that matches no test fails the stage
+#   VQA_LT2_TESTS   cpu-test runs only these tests (exact names, e.g. "model
+#                   train_runs"); a name that is no test fails the stage
 #   VQA_LT2_FRESH=1 remove the root first (the .deb and ccache caches stay)
 #
 # Prints one line per stage with its time (and before it, the stage's
@@ -149,9 +153,26 @@ inside_cpu_test() {
   local status=0 extra=()
   read -r -a extra <<<"${VQA_LT2_CTEST:-}"
   cd /build/cpu
-  ctest --output-on-failure --timeout 900 "${extra[@]}" >/build/logs/cpu-test.log 2>&1 || status=$?
+  if [[ -n ${VQA_LT2_TESTS:-} ]]; then
+    local names=() name listed missing=()
+    read -r -a names <<<"$VQA_LT2_TESTS"
+    listed=$(ctest -N | sed -n 's/^ *Test *#[0-9]*: //p')
+    for name in "${names[@]}"; do
+      grep -qxF -- "$name" <<<"$listed" || missing+=("$name")
+    done
+    ((${#missing[@]} == 0)) || { log "  VQA_LT2_TESTS names no test: ${missing[*]}"; return 1; }
+    extra+=(-R "^($(IFS='|' && echo "${names[*]}"))\$")
+  fi
+  # --no-tests=error: a -R in VQA_LT2_CTEST that matches nothing fails the
+  # stage (CTest would only log "No tests were found" and exit 0).
+  ctest --output-on-failure --no-tests=error --timeout 900 "${extra[@]}" \
+    >/build/logs/cpu-test.log 2>&1 || status=$?
   # CTest's count, and one line per failed test.
-  log "  $(grep -E '[0-9]+% tests passed' /build/logs/cpu-test.log || echo 'no tests ran')"
+  if grep -q 'No tests were found' /build/logs/cpu-test.log; then
+    log "  no test matches VQA_LT2_CTEST (${VQA_LT2_CTEST:-})"
+  else
+    log "  $(grep -E '[0-9]+% tests passed' /build/logs/cpu-test.log || echo 'no tests ran')"
+  fi
   grep -E '^ *[0-9]+/[0-9]+ Test +#' /build/logs/cpu-test.log |
     grep -v ' Passed ' | sed 's/^ */libtorch2:   /' || true
   return "$status"
@@ -292,6 +313,11 @@ case ${1:-} in
     # unshare: mounts what the root needs into this mount namespace (they end
     # with it), then runs the step in the chroot with a clean environment.
     ns_root=$2 ns_cache=$3 ns_ccache=$4 ns_step=$5 ns_arg=${6:-}
+    # The root bound onto itself, so that its / is a mount point: `ip netns
+    # exec` and `ip -n` make / a slave mount ("mount --make-rslave /"), which
+    # fails with EINVAL on a folder that is not one (the tests of the
+    # emulated hosts and the multi-node Slurm use them).
+    mount --bind "$ns_root" "$ns_root"
     mount -t proc proc "$ns_root/proc"
     mount --rbind /sys "$ns_root/sys"
     mount --rbind /dev "$ns_root/dev"
@@ -324,7 +350,7 @@ case ${1:-} in
       CCACHE_DIR=/var/cache/ccache CCACHE_MAXSIZE=5G \
       OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
       NODE_EXTRA_CA_CERTS=/etc/ssl/host-ca-certificates.crt "${proxy[@]}" \
-      VQA_LT2_JOBS="${VQA_LT2_JOBS:-2}" VQA_LT2_CTEST="${VQA_LT2_CTEST:-}" VQA_LT2_TARGETS="${VQA_LT2_TARGETS:-}" VQA_LT2_CUDA_TARGETS="${VQA_LT2_CUDA_TARGETS:-}" \
+      VQA_LT2_JOBS="${VQA_LT2_JOBS:-2}" VQA_LT2_CTEST="${VQA_LT2_CTEST:-}" VQA_LT2_TESTS="${VQA_LT2_TESTS:-}" VQA_LT2_TARGETS="${VQA_LT2_TARGETS:-}" VQA_LT2_CUDA_TARGETS="${VQA_LT2_CUDA_TARGETS:-}" \
       /bin/bash /build/libtorch2.sh --in-root "$ns_step" "$ns_arg"
     ;;
 esac
