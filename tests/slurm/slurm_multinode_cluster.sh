@@ -23,7 +23,8 @@
 #                     host I lost (every process on it killed), and back
 #   slurm_multinode_leftovers
 #                     prints what of the cluster still exists (daemons,
-#                     namespaces, links), nothing when all is gone
+#                     namespaces, veth links inside them or on this
+#                     machine), nothing when all is gone
 #
 # How the pieces fit, and why:
 # - The hosts are network namespaces joined by a bridge in NAME-sw. This
@@ -238,10 +239,20 @@ slurm_multinode_leftovers() {
   local namespaces
   namespaces=$(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$name-(h[0-9]+|sw)$" || true)
   [[ -z $namespaces ]] || echo "namespaces left: $(tr '\n' ' ' <<<"$namespaces")"
-  ip link show "$name-c" >/dev/null 2>&1 && echo "link left: $name-c"
-  local links
-  links=$(ip -o link show type veth 2>/dev/null | grep -E "(vqa[0-9]+x|$name-)" || true)
-  [[ -z $links ]] || echo "veth links left: $links"
+  # The veth links: emulated_hosts.sh makes both ends of each host's pair
+  # inside the namespaces (vqa0 in NAME-hI, pI in NAME-sw), never on this
+  # machine, and a pair goes with either of its namespaces; the controller
+  # link joins this machine (NAME-c) to NAME-sw (ctl). So they are looked for
+  # inside each of the cluster's namespaces still there, and here: NAME-c and
+  # any link whose peer is in one of them (link-netns).
+  local links=() ns
+  for ns in $namespaces; do
+    mapfile -t -O "${#links[@]}" links < <(ip -n "$ns" -o link show type veth 2>/dev/null |
+      awk -v ns="$ns" '{sub(/:$/, "", $2); print ns ":" $2}')
+  done
+  mapfile -t -O "${#links[@]}" links < <(ip -o link show type veth 2>/dev/null |
+    grep -E "^[0-9]+: $name-|link-netns $name-(h[0-9]+|sw)( |$)" | awk '{sub(/:$/, "", $2); print $2}')
+  ((${#links[@]} == 0)) || echo "veth links left: ${links[*]}"
   [[ ! -e ${VQA_HOSTS_STATE:-/run/vqa-emulated-hosts}/$name ]] ||
     echo "emulated hosts state left: ${VQA_HOSTS_STATE:-/run/vqa-emulated-hosts}/$name"
   return 0
