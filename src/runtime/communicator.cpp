@@ -56,16 +56,31 @@ void Communicator::library_allreduce_sum(const torch::Tensor& /*buffer*/) {
   throw std::logic_error("library_allreduce_sum: only the MPI backend runs the MPI library");
 }
 
-std::string nccl_graph_capture_unavailable(int version) {
-  // ncclGetVersion's code: major x 1000 + minor x 100 + patch up to 2.8,
-  // major x 10000 + minor x 100 + patch from 2.9 on.
+namespace {
+
+// "2.18.3" from ncclGetVersion's code: major x 1000 + minor x 100 + patch up
+// to 2.8, major x 10000 + minor x 100 + patch from 2.9 on.
+std::string nccl_version_text(int version) {
   const bool old_code = version < 10000;
   const int major = old_code ? version / 1000 : version / 10000;
   const int minor = (old_code ? version % 1000 : version % 10000) / 100;
   const int patch = version % 100;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
+}  // namespace
+
+std::string nccl_version_loaded() {
+#ifdef VQA_HAVE_NCCL
+  return nccl_version_text(nccl_runtime_version());
+#else
+  return "";
+#endif
+}
+
+std::string nccl_graph_capture_unavailable(int version) {
   if (version >= 20906) return "";  // 2.9.6: collectives under stream capture
-  return "NCCL " + std::to_string(major) + "." + std::to_string(minor) + "." +
-         std::to_string(patch) +
+  return "NCCL " + nccl_version_text(version) +
          " cannot be captured into a CUDA graph (NCCL 2.9.6 or later can: load a newer "
          "libnccl)";
 }

@@ -43,6 +43,9 @@ Backend backend_for_device(const torch::Device& device);
 
 // True when this build contains the NCCL backend (VQA_WITH_NCCL).
 bool nccl_backend_built();
+// The NCCL library this process loaded, e.g. "2.18.3" (ncclGetVersion; no
+// GPU needed), or "" without the NCCL backend.
+std::string nccl_version_loaded();
 // CUDA devices this process can see; 0 without a GPU or without the NCCL build.
 int cuda_device_count();
 

@@ -1,17 +1,75 @@
 #include "train/run_log.h"
 
+#include <ATen/Context.h>
+#include <c10/util/Exception.h>
+#include <torch/version.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
 
+#include "runtime/communicator.h"  // nccl_version_loaded
+
 namespace vqa::train {
 
+namespace {
+
+// "12.4" from a CUDA version code (major x 1000 + minor x 10).
+std::string cuda_version_text(long code) {
+  return std::to_string(code / 1000) + "." + std::to_string(code % 1000 / 10);
+}
+
+// "9.1.0" from a cuDNN version code (major x 1000 + minor x 100 + patch up
+// to 8; major x 10000 + minor x 100 + patch from 9 on).
+std::string cudnn_version_text(long code) {
+  const bool old_code = code < 10000;
+  return std::to_string(old_code ? code / 1000 : code / 10000) + "." +
+         std::to_string((old_code ? code % 1000 : code % 10000) / 100) + "." +
+         std::to_string(code % 100);
+}
+
+}  // namespace
+
+std::string libtorch_cuda_version() {
+  // A CPU-only LibTorch has no CUDA hooks: asking them for a version throws.
+  try {
+    return cuda_version_text(at::detail::getCUDAHooks().versionCUDART());
+  } catch (const c10::Error&) {
+    return "";
+  }
+}
+
+std::string libraries_line() {
+  const std::string cuda = libtorch_cuda_version();
+  std::string cudnn = "none";
+  try {
+    if (at::detail::getCUDAHooks().compiledWithCuDNN()) {
+      cudnn = cudnn_version_text(at::detail::getCUDAHooks().versionCuDNN());
+    }
+  } catch (const c10::Error&) {
+  }
+  const std::string nccl = runtime::nccl_version_loaded();
+  return std::string("LibTorch ") + TORCH_VERSION +
+         (cuda.empty() ? " (CPU build)" : " (CUDA build)") + "; CUDA " +
+         (cuda.empty() ? "none" : cuda) + "; cuDNN " + cudnn + "; NCCL " +
+         (nccl.empty() ? "none" : nccl);
+}
+
 RunLog::RunLog(const std::string& out_dir, bool writer) : writer_(writer) {
+  open_files(out_dir, libraries_line());
+}
+
+RunLog::RunLog(const std::string& out_dir, bool writer, const c10::Device& device)
+    : writer_(writer) {
+  open_files(out_dir, "device " + device.str() + "; " + libraries_line());
+}
+
+void RunLog::open_files(const std::string& out_dir, const std::string& first_line) {
   if (!writer_) return;
   std::filesystem::create_directories(out_dir);
   text_.open(std::filesystem::path(out_dir) / "train.log", std::ios::app);
   json_.open(std::filesystem::path(out_dir) / "metrics.jsonl", std::ios::app);
+  info(first_line);
 }
 
 void RunLog::info(const std::string& line) {

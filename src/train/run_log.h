@@ -6,6 +6,7 @@
 // which rank they are on. Main thread.
 #pragma once
 
+#include <c10/core/Device.h>
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -17,7 +18,11 @@ namespace vqa::train {
 
 class RunLog {
  public:
+  // The writer's first line names the libraries (libraries_line), after
+  // "device D; " when given the run's device, so that a run's log says
+  // which build it came from.
   RunLog(const std::string& out_dir, bool writer);
+  RunLog(const std::string& out_dir, bool writer, const c10::Device& device);
 
   bool writer() const { return writer_; }
   // A line for stdout and train.log.
@@ -41,10 +46,21 @@ class RunLog {
   void evaluation(const EvalStats& eval, const std::string& model_source);
 
  private:
+  void open_files(const std::string& out_dir, const std::string& first_line);
+
   bool writer_;
   std::ofstream text_;
   std::ofstream json_;
 };
+
+// The libraries the process runs on: "LibTorch 1.13.0 (CPU build); CUDA
+// none; cuDNN none; NCCL none", or "LibTorch 2.6.0 (CUDA build); CUDA 12.4;
+// cuDNN 9.1.0; NCCL 2.21.5" (CUDA and cuDNN: the ones LibTorch was built
+// with; NCCL: the one the GPU communicator loaded).
+std::string libraries_line();
+// The CUDA version LibTorch was built with, e.g. "12.4"; "" for a CPU-only
+// LibTorch.
+std::string libtorch_cuda_version();
 
 // "PRES 80.0% (45), ABN 71.4% (14), ...": accuracy (and question count)
 // per question type.

@@ -1,18 +1,24 @@
 #include "train/setup.h"
 
+#include <torch/version.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "model/layers.h"          // set_packed_projections
 #include "model/m3ae_import.h"     // m3ae_import
 #include "model/safetensors.h"     // SafetensorsFile
 #include "runtime/check.h"         // fatal_user_error
-#include "runtime/communicator.h"  // cuda_device_for, cuda_device_choice
+#include "runtime/communicator.h"  // cuda_device_for, cuda_device_choice, nccl_backend_built
 #include "runtime/cuda_graph.h"    // cuda_graph_unavailable_reason
 #include "runtime/distributed.h"   // distributed_gather_strings, distributed_broadcast_bytes
 #include "runtime/system_info.h"   // blas_description
@@ -22,12 +28,113 @@
 
 namespace vqa::train {
 
+namespace {
+
+// The path of `program` on PATH, "" when it is not there.
+std::string find_on_path(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "";
+  for (size_t begin = 0; begin <= dirs.size();) {
+    size_t end = dirs.find(':', begin);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string dir = end > begin ? dirs.substr(begin, end - begin) : ".";
+    const std::string candidate = dir + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    begin = end + 1;
+  }
+  return "";
+}
+
+// NVIDIA GPUs on this host, whether or not this process can drive them: the
+// "GPU n: ..." lines of `nvidia-smi -L`, else the /dev/nvidiaN device files
+// (a container may have either without the other). "" when there are none,
+// else e.g. "1 NVIDIA GPU (nvidia-smi -L)". Runs nvidia-smi only when it is
+// on PATH, so a host without the driver forks nothing.
+std::string host_nvidia_gpus() {
+  const std::string nvidia_smi = find_on_path("nvidia-smi");
+  int listed = 0;
+  if (!nvidia_smi.empty()) {
+    // A driver that hangs must not hang the job: timeout(1) ends it.
+    const std::string command = "timeout 10 '" + nvidia_smi + "' -L 2>/dev/null";
+    if (FILE* pipe = ::popen(command.c_str(), "r")) {
+      char line[512];
+      while (std::fgets(line, sizeof(line), pipe) != nullptr) {
+        if (std::strncmp(line, "GPU ", 4) == 0) ++listed;
+      }
+      ::pclose(pipe);
+    }
+  }
+  if (listed > 0) {
+    return std::to_string(listed) + " NVIDIA GPU" + (listed == 1 ? "" : "s") + " (nvidia-smi -L)";
+  }
+  int files = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() > 6 && name.compare(0, 6, "nvidia") == 0 &&
+        name.find_first_not_of("0123456789", 6) == std::string::npos) {
+      ++files;
+    }
+  }
+  if (files == 0) return "";
+  return std::to_string(files) + " NVIDIA GPU" + (files == 1 ? "" : "s") + " (/dev/nvidia0" +
+         (files > 1 ? ".." + std::to_string(files - 1) : std::string()) + ")";
+}
+
+// True when CUDA_VISIBLE_DEVICES hides every GPU ("", "-1", "none"): a run
+// told so means to stay on the CPU.
+bool gpus_hidden_on_purpose() {
+  const char* mask = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (mask == nullptr) return false;
+  std::string list;
+  for (const char* c = mask; *c != '\0'; ++c) {
+    if (!std::isspace(static_cast<unsigned char>(*c))) list += *c;
+  }
+  return list.empty() || list == "-1" || list == "none";
+}
+
+// Why this process has no GPU to train on, and what gives it one.
+std::string why_no_usable_gpu() {
+  if (libtorch_cuda_version().empty()) {
+    return "this LibTorch " TORCH_VERSION
+           " is a CPU-only build. Build vqa-hpc against a CUDA LibTorch: "
+           "cmake -DVQA_TORCH_FROM_PYTHON=ON -DVQA_WITH_NCCL=ON (the LibTorch inside a CUDA "
+           "PyTorch from pip; VQA_PYTHON names its python) or cmake "
+           "-DCMAKE_PREFIX_PATH=/path/to/libtorch -DVQA_WITH_NCCL=ON (the CUDA LibTorch archive "
+           "from pytorch.org), in a fresh build folder";
+  }
+  if (!torch::cuda::is_available()) {
+    return "LibTorch's CUDA sees no usable GPU (" + libraries_line() +
+           "; torch::cuda::is_available() is false: a driver older than that CUDA, or "
+           "CUDA_VISIBLE_DEVICES=" +
+           (std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "(unset)") +
+           " hides them)";
+  }
+  if (!runtime::nccl_backend_built()) {
+    return "this vqa-hpc build has no GPU communicator (it was configured without the CUDA "
+           "toolkit and NCCL: reconfigure with -DVQA_WITH_NCCL=ON, which names what is missing)";
+  }
+  return "the CUDA runtime of the GPU communicator sees no device";
+}
+
+}  // namespace
+
 torch::Device setup_device(const TrainConfig& config, const runtime::RankInfo& rank) {
   const bool gpu = torch::cuda::is_available() && runtime::cuda_device_count() > 0;
-  if (config.device == DeviceMode::kCuda && !gpu) {
-    runtime::fatal_user_error(
-        "--device cuda, but this LibTorch build or host has no usable CUDA "
-        "device (torch::cuda::is_available() is false)");
+  // A GPU host must not train on its CPU by accident (the base preset at
+  // 384 px takes hours a step there): --device auto lands on the CPU only
+  // where the host has no NVIDIA GPU or CUDA_VISIBLE_DEVICES hides them all.
+  if (!gpu && config.device != DeviceMode::kCpu) {
+    const std::string gpus = host_nvidia_gpus();
+    if (config.device == DeviceMode::kCuda || (!gpus.empty() && !gpus_hidden_on_purpose())) {
+      runtime::fatal_user_error(
+          std::string(config.device == DeviceMode::kCuda
+                          ? "--device cuda, but no GPU to train on: "
+                          : "--device auto would train on the CPU: ") +
+          (gpus.empty() ? "this host shows no NVIDIA GPU (no nvidia-smi -L, no /dev/nvidia0)"
+                        : "this host has " + gpus) +
+          ", but " + why_no_usable_gpu() + ". To train on the CPU on purpose, pass --device cpu");
+    }
   }
   int threads = config.threads;
   if (threads <= 0) {
@@ -229,10 +336,33 @@ std::string resume_if_asked(const TrainConfig& config, model::M3AE& model, VqaOp
 void save_resolved_config(const TrainConfig& config, const std::string& config_ini,
                           const runtime::RankInfo& rank) {
   if (rank.rank != 0) return;
+  // The configuration as the run uses it, which start-up may have changed
+  // from `config_ini` (--cuda-graph pads questions where it captures): a
+  // run read back from config.ini must be this one. The given values that
+  // changed are noted as comments.
+  std::string text = config_to_ini(config);
+  std::istringstream given(config_ini);
+  std::string changes;
+  for (std::string line; std::getline(given, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t equals = line.find(" = ");
+    if (equals == std::string::npos) continue;
+    if (text.find("\n" + line + "\n") == std::string::npos) {
+      changes += "# changed at start-up from the value given: " + line + "\n";
+    }
+  }
+  if (!changes.empty()) {
+    // After the header comments, before the first "key = value" line.
+    size_t body = 0;
+    while (body < text.size() && text[body] == '#') {
+      const size_t end = text.find('\n', body);
+      body = end == std::string::npos ? text.size() : end + 1;
+    }
+    text.insert(body, changes);
+  }
   std::filesystem::create_directories(config.out);
-  util::write_file_atomically((std::filesystem::path(config.out) / "config.ini").string(),
-                              config_ini);
-  std::printf("%s", config_ini.c_str());
+  util::write_file_atomically((std::filesystem::path(config.out) / "config.ini").string(), text);
+  std::printf("%s", text.c_str());
 }
 
 void report_run_start(const TrainingParts& parts, const data::ShardedLoader& train_loader,

@@ -116,8 +116,10 @@ std::string init_model_if_asked(const TrainConfig& config, model::M3AE& model, R
 std::string resume_if_asked(const TrainConfig& config, model::M3AE& model, VqaOptimizer& optimizer,
                             TrainState& state, RunLog& log);
 
-// Rank 0 saves the resolved configuration as <out>/config.ini (durably) and
-// prints it.
+// Rank 0 saves the configuration as the run uses it, config_to_ini(config),
+// as <out>/config.ini (durably) and prints it; the values of `config_ini`
+// (the configuration as given, before plan_step_graph) that start-up
+// changed are noted there as comments.
 void save_resolved_config(const TrainConfig& config, const std::string& config_ini,
                           const runtime::RankInfo& rank);
 
