@@ -6,36 +6,80 @@
 # 180 -> 163 s). Nothing else changes: the same PML and BTLs carry the data.
 set(VQA_TEST_ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1;OMPI_MCA_pml=ob1")
 
-# vqa_add_mpi_test(NAME <name> TARGET <target> RANKS <n>... [ARGS ...] [TIMEOUT s] [LABELS ...])
+# A GoogleTest program (linked with vqa_gtest_main or vqa_test_main) exits 77
+# when it skipped a case and failed none: CTest shows that test as skipped,
+# never as passed (tests/support/test_outcome.h).
+set(VQA_TEST_SKIP_CODE 77)
+
+# With APART <suffix> <gtest filter>, a registration makes two tests: the
+# cases that the filter names as <name>_<suffix>, and the rest as <name>.
+# APART is for cases that skip where the rest runs (no GPU, another
+# LibTorch), so that the rest still shows as passed and those as skipped.
+# _vqa_gtest_variants(<out-names>): the test names, from the caller's T_NAME
+# and T_APART; _vqa_gtest_variant_args(<out-args> <name>): that test's
+# arguments, the caller's T_ARGS and its filter.
+function(_vqa_gtest_variants out_names)
+  set(names ${T_NAME})
+  if(T_APART)
+    list(GET T_APART 0 suffix)
+    list(APPEND names ${T_NAME}_${suffix})
+  endif()
+  set(${out_names} ${names} PARENT_SCOPE)
+endfunction()
+function(_vqa_gtest_variant_args out_args name)
+  set(args ${T_ARGS})
+  if(T_APART)
+    list(GET T_APART 1 filter)
+    if(name STREQUAL T_NAME)
+      list(APPEND args --gtest_filter=-${filter})
+    else()
+      list(APPEND args --gtest_filter=${filter})
+    endif()
+  endif()
+  set(${out_args} ${args} PARENT_SCOPE)
+endfunction()
+
+# vqa_add_mpi_test(NAME <name> TARGET <target> RANKS <n>... [ARGS ...] [TIMEOUT s] [LABELS ...]
+#                  [APART <suffix> <gtest filter>])
 # Registers one CTest test per rank count, each started through mpirun.
 function(vqa_add_mpi_test)
-  cmake_parse_arguments(T "" "NAME;TARGET;TIMEOUT" "RANKS;ARGS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;TARGET;TIMEOUT" "RANKS;ARGS;LABELS;APART" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
-  foreach(ranks IN LISTS T_RANKS)
-    set(test_name ${T_NAME}_np${ranks})
-    add_test(NAME ${test_name}
-      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${VQA_TEST_MPIEXEC_FLAGS}
-              $<TARGET_FILE:${T_TARGET}> ${T_ARGS})
-    set_tests_properties(${test_name} PROPERTIES
-      TIMEOUT ${T_TIMEOUT}
-      PROCESSORS ${ranks}
-      LABELS "mpi;${T_LABELS}"
-      ENVIRONMENT "${VQA_TEST_ENVIRONMENT};OMPI_MCA_rmaps_base_oversubscribe=1")
+  _vqa_gtest_variants(names)
+  foreach(name IN LISTS names)
+    _vqa_gtest_variant_args(args ${name})
+    foreach(ranks IN LISTS T_RANKS)
+      set(test_name ${name}_np${ranks})
+      add_test(NAME ${test_name}
+        COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${VQA_TEST_MPIEXEC_FLAGS}
+                $<TARGET_FILE:${T_TARGET}> ${args})
+      set_tests_properties(${test_name} PROPERTIES
+        TIMEOUT ${T_TIMEOUT}
+        PROCESSORS ${ranks}
+        LABELS "mpi;${T_LABELS}"
+        SKIP_RETURN_CODE ${VQA_TEST_SKIP_CODE}
+        ENVIRONMENT "${VQA_TEST_ENVIRONMENT};OMPI_MCA_rmaps_base_oversubscribe=1")
+    endforeach()
   endforeach()
 endfunction()
 
-# vqa_add_test(NAME <name> TARGET <target> [ARGS ...] [TIMEOUT s] [LABELS ...])
+# vqa_add_test(NAME <name> TARGET <target> [ARGS ...] [TIMEOUT s] [LABELS ...]
+#              [APART <suffix> <gtest filter>])
 # A test that runs as one plain process (it may start mpirun itself).
 function(vqa_add_test)
-  cmake_parse_arguments(T "" "NAME;TARGET;TIMEOUT" "ARGS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;TARGET;TIMEOUT" "ARGS;LABELS;APART" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
-  add_test(NAME ${T_NAME} COMMAND $<TARGET_FILE:${T_TARGET}> ${T_ARGS})
-  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}"
-    ENVIRONMENT "${VQA_TEST_ENVIRONMENT}")
+  _vqa_gtest_variants(names)
+  foreach(name IN LISTS names)
+    _vqa_gtest_variant_args(args ${name})
+    add_test(NAME ${name} COMMAND $<TARGET_FILE:${T_TARGET}> ${args})
+    set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}"
+      SKIP_RETURN_CODE ${VQA_TEST_SKIP_CODE} ENVIRONMENT "${VQA_TEST_ENVIRONMENT}")
+  endforeach()
 endfunction()
 
 # vqa_add_job_test_executable(<target> <source> [LIBRARIES ...] [DEFINITIONS ...] [DEPENDS ...])
@@ -47,7 +91,7 @@ endfunction()
 function(vqa_add_job_test_executable target source)
   cmake_parse_arguments(T "" "" "LIBRARIES;DEFINITIONS;DEPENDS" ${ARGN})
   add_executable(${target} ${source})
-  target_link_libraries(${target} PRIVATE vqa_test_process GTest::gtest_main ${T_LIBRARIES}
+  target_link_libraries(${target} PRIVATE vqa_test_process vqa_gtest_main ${T_LIBRARIES}
                         vqa_warnings)
   target_compile_definitions(${target} PRIVATE
     VQA_PREP="$<TARGET_FILE:vqa_prep>"

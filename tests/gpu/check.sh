@@ -5,13 +5,15 @@
 #      build: the tools, `ldd` of every unpacked library and program with
 #      nothing "not found", `mpirun -np 1 hostname`, torch's and CUDA's
 #      versions (and a usable GPU unless VQA_GPU_DEVICE=cpu);
-#   1. builds vqa_train, vqa_allreduce_bench and the communicator tests
+#   1. builds vqa_train, vqa_allreduce_bench and the tests of stage 2
 #      against that LibTorch with -DVQA_WITH_NCCL=ON, Open MPI, HDF5, Boost
 #      and OpenCV coming from .gpu-check/debs (tests/gpu/make_bundle.sh),
 #      unpacked into a prefix of their own;
-#   2. runs the communicator tests (their NCCL cases need the GPU; they SKIP
-#      without one) and vqa_allreduce_bench with NCCL (a wrong element makes
-#      it fail);
+#   2. runs every test program with a CUDA branch (the communicator's NCCL
+#      cases, the loader's pinned batches, checkpoints across devices; they
+#      skip without a GPU and must not skip with one) and vqa_allreduce_bench
+#      with NCCL (a wrong element makes it fail), on 2 ranks where there are
+#      2 GPUs, else on 1 rank, which the summary says;
 #   2b. a CUDA graph against the eager path: 20 optimiser steps of the
 #      preset in bfloat16 with --cuda-graph true and without it (questions
 #      padded alike, dropout 0), per-epoch losses within 1e-2 relative (see
@@ -162,6 +164,10 @@ fi
 stage_done
 
 # ---- 1. build against the CUDA LibTorch with NCCL -------------------------------
+# The test programs with a CUDA branch, and their folders under tests/ (none
+# of them needs vqa_prep or OpenCV, which the bundle cannot load).
+gpu_tests=(test_communicator test_loader test_checkpoint_device)
+declare -A gpu_test_dirs=([test_communicator]=runtime [test_loader]=data [test_checkpoint_device]=train)
 stage build
 torch_dir=${TORCH_DIR:-$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')}
 nccl_flags=(-DVQA_WITH_NCCL=ON)
@@ -182,22 +188,44 @@ cmake -S "$source_dir" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   "${nccl_flags[@]}" >"$out/configure.log" 2>&1 || { tail -n 30 "$out/configure.log"; die "configure"; }
 grep 'vqa-hpc:' "$out/configure.log" | sed 's/^-- /gpu-check:   /' | tee -a "$summary"
 cmake --build "$work/build" --parallel "$(nproc)" --target vqa_train vqa_project vqa_allreduce_bench \
-  test_communicator >"$out/build.log" 2>&1 || { grep -A8 -E 'error|FAILED' "$out/build.log" | head -n 60; die "build"; }
+  "${gpu_tests[@]}" >"$out/build.log" 2>&1 || { grep -A8 -E 'error|FAILED' "$out/build.log" | head -n 60; die "build"; }
 stage_done
 
-# ---- 2. the communicator tests and the NCCL allreduce benchmark -----------------
+# ---- 2. the tests with a CUDA branch and the NCCL allreduce benchmark ----------
+# Each test program whose cases have a CUDA branch, whole (its CPU cases too),
+# on 2 ranks where the machine has 2 GPUs or more (a reduction on 1 rank
+# returns its input, so only 2 ranks can catch a wrong sum or average), else
+# on 1 rank, which the summary says. On a GPU machine no case may skip; on the
+# CPU (a dry run) the CUDA cases skip, and the programs exit 77 for it.
 stage communicator
-mpirun -np 1 "$work/build/tests/runtime/test_communicator" --gtest_color=no >"$out/test_communicator.log" 2>&1 ||
-  { tail -n 40 "$out/test_communicator.log"; die "test_communicator"; }
-skipped=$(grep -cE '^\[  SKIPPED \]' "$out/test_communicator.log" || true)
-say "  $(grep -cE '^\[       OK \]' "$out/test_communicator.log") tests passed, $skipped skipped"
-# With a GPU every test must run: a SKIP there means CUDA or NCCL was not usable.
-if [[ $device == cuda ]] && ((skipped > 0)); then
-  grep -E '^\[  SKIPPED \]' "$out/test_communicator.log" | sed 's/^/gpu-check:   /' | tee -a "$summary"
-  die "tests skipped on a GPU machine"
-fi
+gpu_count=0
+[[ $device == cuda ]] && gpu_count=$("$python" -c 'import torch; print(torch.cuda.device_count())')
+test_ranks=1
+((gpu_count >= 2)) && test_ranks=2
+for test in "${gpu_tests[@]}"; do
+  ranks=$test_ranks
+  [[ $test == test_checkpoint_device ]] && ranks=1  # one process; it uses every GPU it sees
+  test_log=$out/$test.log
+  status=0
+  mpirun -np "$ranks" "$work/build/tests/${gpu_test_dirs[$test]}/$test" --gtest_color=no \
+    >"$test_log" 2>&1 || status=$?
+  skipped=$(grep -cE '^\[  SKIPPED \] [A-Za-z]' "$test_log" || true)
+  passed=$(grep -cE '^\[       OK \]' "$test_log" || true)
+  if ((status != 0 && status != 77)); then
+    tail -n 40 "$test_log"
+    die "$test on $ranks rank(s) (exit $status)"
+  fi
+  say "  $test on $ranks rank(s): $passed passed, $skipped skipped"
+  # With a GPU every case must run: a SKIP there means CUDA or NCCL was not usable.
+  if [[ $device == cuda ]] && ((skipped > 0 || status != 0)); then
+    grep -E '^\[  SKIPPED \]' "$test_log" | sed 's/^/gpu-check:   /' | tee -a "$summary"
+    die "$test skipped cases on a GPU machine"
+  fi
+done
 if [[ $device == cuda ]]; then
-  mpirun -np 1 "$work/build/vqa_allreduce_bench" --backend nccl --device cuda -b 1M -e 256M -f 4 \
+  ((test_ranks == 2)) ||
+    say "  1 rank only: this machine has $gpu_count GPU; NCCL refuses two ranks on one GPU, so the reductions across ranks are not checked here"
+  mpirun -np "$test_ranks" "$work/build/vqa_allreduce_bench" --backend nccl --device cuda -b 1M -e 256M -f 4 \
     >"$out/allreduce_bench.log" 2>&1 || { tail -n 20 "$out/allreduce_bench.log"; die "vqa_allreduce_bench"; }
   grep -v '^#' "$out/allreduce_bench.log" | tail -n 3 | sed 's/^/gpu-check:   /' | tee -a "$summary"
 fi

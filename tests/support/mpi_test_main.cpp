@@ -1,6 +1,8 @@
 // main() for GoogleTest suites started under mpirun: every rank runs every
 // test in the same order; rank 0 prints the usual report, other ranks print
-// only their failures, and the exit status is non-zero when any rank failed.
+// only their failures. The exit status is the same on every rank: 1 when any
+// rank failed, 77 (test_outcome.h: CTest shows it as skipped) when none failed
+// and one skipped a case, else 0.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -9,6 +11,7 @@
 #include <string>
 
 #include "runtime/distributed.h"  // DistributedSession, distributed_gather_strings
+#include "test_outcome.h"         // test_outcome_of_this_process, test_exit_status
 
 namespace {
 
@@ -39,12 +42,24 @@ int main(int argc, char** argv) {
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new FailurePrinter(info.rank));
   }
-  const int local_failed = RUN_ALL_TESTS();
-  const auto outcomes = vqa::runtime::distributed_gather_strings(local_failed != 0 ? "F" : "ok");
-  const auto failed_ranks = std::count(outcomes.begin(), outcomes.end(), std::string("F"));
-  if (info.rank == 0 && failed_ranks > 0) {
-    std::fprintf(stderr, "%d of %d ranks had failures\n", static_cast<int>(failed_ranks),
-                 info.world_size);
+  const int run_status = RUN_ALL_TESTS();
+  auto outcome = vqa::testing::test_outcome_of_this_process();
+  if (run_status != 0) outcome = vqa::testing::TestOutcome::kFailed;
+  const char* const kOutcomeNames[] = {"passed", "skipped", "failed"};
+  const auto outcomes =
+      vqa::runtime::distributed_gather_strings(kOutcomeNames[static_cast<int>(outcome)]);
+  const auto ranks_with = [&](const char* name) {
+    return static_cast<int>(std::count(outcomes.begin(), outcomes.end(), std::string(name)));
+  };
+  if (ranks_with("failed") > 0) {
+    if (info.rank == 0) {
+      std::fprintf(stderr, "%d of %d ranks had failures\n", ranks_with("failed"), info.world_size);
+    }
+    return 1;
   }
-  return failed_ranks > 0 ? 1 : 0;
+  if (ranks_with("skipped") == 0) return 0;
+  // Every rank exits alike, and rank 0 says which cases skipped there.
+  return info.rank == 0 && outcome == vqa::testing::TestOutcome::kSkipped
+             ? vqa::testing::test_exit_status(outcome)
+             : vqa::testing::kSkippedExitCode;
 }
