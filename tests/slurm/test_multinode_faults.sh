@@ -19,11 +19,16 @@
 #   3. a lost node: mid-epoch 1 (after epoch 0's checkpoint), every process
 #      on host 1 is killed (its slurmd, slurmstepd and rank 1). The
 #      surviving rank ends within 60 s (--comm-timeout 30: its collective
-#      watchdog) with a line naming rank 1 and its host; the job's exit code
-#      is the watchdog's 124 and it ends FAILED, not requeued (the script
-#      requeues only on exit 75: a lost node is not a preemption, and a
-#      requeue would wait for the same nodes); it stays COMPLETING until
-#      host 1 answers again;
+#      watchdog) with a line naming rank 1 and its host. Slurm then shows
+#      the job (scontrol show job: JobState, Restarts, ExitCode) COMPLETING
+#      with exit code 124:0 (the watchdog's) and no restart, and still so
+#      when host 1 answers again: its epilogue on host 1 cannot run, and
+#      host 1 comes back well within SlurmdTimeout (300 s), so Slurm never
+#      marks it down (that would end the job NODE_FAIL, and --requeue
+#      would requeue it). With host 1 back the job ends FAILED, 124:0,
+#      Restarts 0, and is still so after the resubmission below has run:
+#      not requeued (the script requeues only on exit 75: a lost node is
+#      not a preemption, and a requeue would wait for the same nodes);
 #      with host 1 back, a new submission into the same run directory
 #      resumes from the last complete checkpoint and ends with the same
 #      metrics as the uninterrupted run.
@@ -117,6 +122,29 @@ resume_and_compare() {
     "$run_dir/metrics.jsonl" || fail "the requeued run differs from the uninterrupted one"
 }
 
+# job_fields JOB: "STATE restarts R, exit code E, reason X" from scontrol
+# (the test cluster keeps no accounting: sacct has nothing to read).
+job_fields() {
+  echo "$(slurm_job_field "$1" JobState) restarts $(slurm_job_field "$1" Restarts)," \
+    "exit code $(slurm_job_field "$1" ExitCode), reason $(slurm_job_field "$1" Reason)"
+}
+
+# expect_job JOB STATE WHEN: JOB is in STATE with the watchdog's exit code
+# 124:0 and was never requeued (Restarts 0), else the test fails.
+expect_job() {
+  local fields
+  fields=$(job_fields "$1")
+  echo "job $1 $3: $fields"
+  [[ $fields == "$2 restarts 0, exit code 124:0, "* ]] ||
+    fail "job $1 $3: expected $2, restarts 0, exit code 124:0 (the watchdog's), got: $fields"
+}
+
+# Every job state but RUNNING: a wait for the job to leave RUNNING stops at
+# the first other state, so that a wrong one fails at once, named.
+not_running='PENDING|REQUEUED|REQUEUE_HOLD|REQUEUE_FED|COMPLETING|COMPLETED|FAILED|NODE_FAIL'
+not_running+='|CANCELLED|TIMEOUT|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|PREEMPTED|SUSPENDED|SPECIAL_EXIT'
+not_running+='|RESIZING|REVOKED|SIGNALING|STAGE_OUT|STOPPED|RESV_DEL_HOLD'
+
 # ---- 1. preemption: scontrol requeue -------------------------------------
 stage "preemption: scontrol requeue mid-epoch 0"
 run_dir=$work/run-requeue
@@ -170,24 +198,25 @@ lost_line=$(grep -E "rank 1 \\($name-h1\\)" "$output" | head -n 1 || true)
 [[ -n $lost_line ]] || fail "no line names the lost rank 1 on $name-h1"
 echo "lost rank named: $lost_line"
 # The batch script has ended (its exit code is the job's), but Slurm keeps
-# the job COMPLETING until host 1 answers again (or SlurmdTimeout marks it
-# down): its epilogue on that node cannot run.
-state=$(slurm_wait_job "$job" 'FAILED|NODE_FAIL|COMPLETING' 60) || fail "job $job did not end"
-exit_code=$(slurm_job_field "$job" ExitCode)
-echo "job $job: $state, exit code $exit_code, reason $(slurm_job_field "$job" Reason)"
-[[ $exit_code == 124:0 ]] || fail "job $job: exit code $exit_code, expected the watchdog's 124"
+# the job COMPLETING until host 1 answers again: its epilogue on that node
+# cannot run. (Only SlurmdTimeout, 300 s, would mark host 1 down first.)
+slurm_wait_job "$job" "$not_running" 60 >/dev/null || fail "job $job did not end"
+expect_job "$job" COMPLETING "with host 1 lost"
 latest=$(cat "$run_dir/checkpoints/latest")
 echo "last complete checkpoint: $latest"
 
 stage "host 1 back; a new submission resumes"
+expect_job "$job" COMPLETING "as host 1 comes back"
 slurm_multinode_start_slurmd 1
 start=$SECONDS
 until [[ $(sinfo -h -N -o '%T' | grep -c '^idle$') == 2 ]]; do
   ((SECONDS - start < 90)) || fail "host 1 did not come back idle: $(sinfo -h -N -o '%N %T' | paste -sd ' ')"
   sleep 0.5
 done
-state=$(slurm_wait_job "$job" 'FAILED|NODE_FAIL' 60) || fail "job $job did not end once host 1 was back"
-echo "job $job once host 1 is back: $state"
+lost_job=$job
+slurm_wait_job "$lost_job" "${not_running/COMPLETING|/}" 60 >/dev/null ||
+  fail "job $lost_job did not end once host 1 was back"
+expect_job "$lost_job" FAILED "once host 1 is back"
 job=$(submit "$run_dir")
 output=$work/job-$job.out
 state=$(slurm_wait_job "$job" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY' 150) ||
@@ -198,7 +227,9 @@ grep -q "resumed from .*${latest##*/}" "$output" ||
   fail "the resubmission did not resume from the last complete checkpoint $latest"
 python3 "$source_dir/tests/slurm/compare_metrics.py" "$work/reference/metrics.jsonl" \
   "$run_dir/metrics.jsonl" || fail "the resumed run differs from the uninterrupted one"
+expect_job "$lost_job" FAILED "after the resubmission (not requeued)"
 
 stage "PASS: requeue (srun) and the time-limit warning (mpirun) across nodes resumed and" \
   "matched; the lost node ended the job" \
-  "within $ended s naming rank 1 ($name-h1); the resubmission resumed and matched"
+  "within $ended s naming rank 1 ($name-h1), COMPLETING then FAILED with 124:0, not requeued;" \
+  "the resubmission resumed and matched"
