@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 namespace vqa::model {
@@ -69,6 +70,30 @@ void SafetensorsFile::release() {
   fd_ = -1;
 }
 
+namespace {
+
+// A JSON value for an error message: scalars and flat arrays as written (at
+// most 80 characters), anything nested by its type alone. json::dump recurses
+// once per level, and a header is untrusted: [[[[...]]]] 100,000 deep would
+// overflow the stack.
+std::string json_excerpt(const nlohmann::json& value) {
+  const bool flat = !value.is_structured() ||
+                    (value.is_array() && std::all_of(value.begin(), value.end(),
+                                                     [](const nlohmann::json& item) {
+                                                       return item.is_primitive();
+                                                     }));
+  if (!flat) return std::string("(a JSON ") + value.type_name() + ")";
+  std::string text = value.dump();
+  return text.size() <= 80 ? text : text.substr(0, 77) + "...";
+}
+
+// A name from the header for an error message, at most 80 characters.
+std::string name_excerpt(const std::string& name) {
+  return "'" + (name.size() <= 80 ? name : name.substr(0, 77) + "...") + "'";
+}
+
+}  // namespace
+
 void SafetensorsFile::open_and_validate() {
   const std::string& path = path_;
   const auto fail = [this](const std::string& what) -> SafetensorsError {
@@ -78,6 +103,7 @@ void SafetensorsFile::open_and_validate() {
   if (fd_ < 0) throw fail(std::string("cannot be opened: ") + std::strerror(errno));
   struct stat info {};
   if (::fstat(fd_, &info) != 0) throw fail(std::string("cannot be read: ") + std::strerror(errno));
+  if (!S_ISREG(info.st_mode)) throw fail("is not a regular file");
   size_ = static_cast<size_t>(info.st_size);
   if (size_ < 8)
     throw fail("is " + std::to_string(size_) + " bytes, shorter than a safetensors header");
@@ -87,6 +113,7 @@ void SafetensorsFile::open_and_validate() {
 
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | data_[i];  // little-endian
+  // The first test keeps 8 + header_bytes from wrapping.
   if (header_bytes > kMaxHeaderBytes || 8 + header_bytes > size_) {
     throw fail("header length " + std::to_string(header_bytes) + " does not fit the file's " +
                std::to_string(size_) + " bytes (not a safetensors file, or truncated)");
@@ -98,59 +125,101 @@ void SafetensorsFile::open_and_validate() {
   } catch (const nlohmann::json::exception& e) {
     throw fail(std::string("header is not JSON: ") + e.what());
   }
-  if (!header.is_object()) throw fail("header is not a JSON object");
+  if (!header.is_object()) {
+    throw fail(std::string("header is a JSON ") + header.type_name() + ", not an object");
+  }
   const uint64_t data_bytes = size_ - data_begin_;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  struct Range {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Range> ranges;
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
       if (!value.is_object()) throw fail("__metadata__ is not an object");
       for (const auto& [key, text] : value.items()) {
-        if (!text.is_string()) throw fail("__metadata__ '" + key + "' is not a string");
+        if (!text.is_string()) {
+          throw fail("__metadata__ " + name_excerpt(key) + " is " + json_excerpt(text) +
+                     ", not a string");
+        }
         metadata_[key] = text.get<std::string>();
       }
       continue;
     }
-    const std::string where = "tensor '" + name + "'";
-    if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") ||
-        !value.contains("data_offsets")) {
-      throw fail(where + " lacks dtype, shape or data_offsets");
+    const std::string where = "tensor " + name_excerpt(name);
+    if (!value.is_object()) throw fail(where + " is " + json_excerpt(value) + ", not an object");
+    for (const char* field : {"dtype", "shape", "data_offsets"}) {
+      if (!value.contains(field)) throw fail(where + " has no " + field);
     }
     Entry entry;
-    if (!value["dtype"].is_string()) throw fail(where + ": dtype is not a string");
-    entry.dtype = value["dtype"].get<std::string>();
+    const auto& dtype_value = value.at("dtype");
+    if (!dtype_value.is_string()) {
+      throw fail(where + ": dtype " + json_excerpt(dtype_value) + " is not a string");
+    }
+    entry.dtype = dtype_value.get<std::string>();
     const DtypeInfo* dtype = dtype_info(entry.dtype);
-    if (!dtype) throw fail(where + ": dtype '" + entry.dtype + "' is not supported");
-    int64_t elements = 1;
-    if (!value["shape"].is_array()) throw fail(where + ": shape is not an array");
-    for (const auto& dimension : value["shape"]) {
-      if (!dimension.is_number_integer() || dimension.get<int64_t>() < 0) {
-        throw fail(where + ": shape " + value["shape"].dump() + " is not a list of sizes");
+    if (!dtype) throw fail(where + ": dtype " + name_excerpt(entry.dtype) + " is not supported");
+
+    // The byte count in 64 bits with every product checked: unchecked, a
+    // shape [2^32, 2^32] of F32 wraps to 0 bytes and passes for data_offsets [0, 0].
+    const auto& shape = value.at("shape");
+    if (!shape.is_array()) throw fail(where + ": shape " + json_excerpt(shape) + " is not a list");
+    uint64_t bytes = static_cast<uint64_t>(dtype->bytes);
+    bool overflow = false;
+    for (const auto& dimension : shape) {
+      if (!dimension.is_number_unsigned() ||
+          dimension.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        throw fail(where + ": shape " + json_excerpt(shape) + " is not a list of sizes");
       }
       entry.shape.push_back(dimension.get<int64_t>());
-      elements *= entry.shape.back();
+      // A zero dimension does not excuse the others: LibTorch counts them all too.
+      if (entry.shape.back() != 0)
+        overflow |= __builtin_mul_overflow(bytes, dimension.get<uint64_t>(), &bytes);
     }
-    const auto& offsets = value["data_offsets"];
+    if (overflow) {
+      throw fail(where + ": shape " + shape_text(entry.shape) + " of " + entry.dtype +
+                 " has a byte count beyond 64 bits");
+    }
+    const bool empty = std::find(entry.shape.begin(), entry.shape.end(), 0) != entry.shape.end();
+    if (empty) bytes = 0;
+
+    const auto& offsets = value.at("data_offsets");
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
         !offsets[1].is_number_unsigned()) {
-      throw fail(where + ": data_offsets " + offsets.dump() + " is not [begin, end]");
+      throw fail(where + ": data_offsets " + json_excerpt(offsets) + " is not [begin, end]");
     }
     entry.begin = offsets[0].get<uint64_t>();
     entry.end = offsets[1].get<uint64_t>();
-    if (entry.begin > entry.end || entry.end > data_bytes) {
-      throw fail(where + ": data_offsets " + offsets.dump() + " lie outside the " +
+    if (entry.begin > entry.end) {
+      throw fail(where + ": data_offsets " + json_excerpt(offsets) + " begin after they end");
+    }
+    if (entry.end > data_bytes) {
+      throw fail(where + ": data_offsets " + json_excerpt(offsets) + " lie outside the " +
                  std::to_string(data_bytes) + " data bytes (truncated file?)");
     }
-    if (entry.end - entry.begin != static_cast<uint64_t>(elements * dtype->bytes)) {
+    if (entry.end - entry.begin != bytes) {
       throw fail(where + ": shape " + shape_text(entry.shape) + " of " + entry.dtype + " needs " +
-                 std::to_string(elements * dtype->bytes) + " bytes, data_offsets give " +
-                 std::to_string(entry.end - entry.begin));
+                 std::to_string(bytes) + " bytes, data_offsets " + json_excerpt(offsets) +
+                 " give " + std::to_string(entry.end - entry.begin));
     }
-    ranges.emplace_back(entry.begin, entry.end);
+    ranges.push_back({entry.begin, entry.end, name});
     entries_.emplace(name, std::move(entry));
   }
-  std::sort(ranges.begin(), ranges.end());
+  // Empty tensors hold no bytes and overlap nothing.
+  ranges.erase(std::remove_if(ranges.begin(), ranges.end(),
+                              [](const Range& range) { return range.begin == range.end; }),
+               ranges.end());
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
   for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first < ranges[i - 1].second) throw fail("two tensors' data overlap");
+    if (ranges[i].begin < ranges[i - 1].end) {
+      throw fail("tensor " + name_excerpt(ranges[i].name) + " (data_offsets [" +
+                 std::to_string(ranges[i].begin) + ", " + std::to_string(ranges[i].end) +
+                 "]) overlaps tensor " + name_excerpt(ranges[i - 1].name) + " ([" +
+                 std::to_string(ranges[i - 1].begin) + ", " + std::to_string(ranges[i - 1].end) +
+                 "])");
+    }
   }
 }
 

@@ -27,9 +27,12 @@ struct SafetensorsError : std::runtime_error {
 
 class SafetensorsFile {
  public:
-  // Opens and validates the header: known dtypes (F64, F32, F16, BF16, I64,
-  // I32, I16, I8, U8, BOOL), shapes whose byte size matches the offsets,
-  // offsets inside the file, no two tensors overlapping. Throws SafetensorsError.
+  // Opens and validates the header, which is untrusted input: a JSON object;
+  // known dtypes (F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL); shapes
+  // of sizes whose byte count fits 64 bits (checked, never wrapped) and equals
+  // end - begin of data_offsets; begin <= end <= the data section's size; no
+  // two tensors overlapping. Throws SafetensorsError naming the file, the
+  // tensor, the field and its value; never reads outside the file.
   explicit SafetensorsFile(const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
