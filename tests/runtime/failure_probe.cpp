@@ -5,13 +5,20 @@
 //       the last rank fails a check (or reports bad input) while rank 0 waits
 //       in an allreduce that can never complete
 //   failure_probe stall [--comm-timeout S] [--stall-rank R] [--stall-step K]
+//                       [--clock-ms M]
 //       allreduce steps with the training position set; rank R (default 1)
-//       stops arriving at step K (default 3) and sleeps, so the others wait
+//       stops arriving at step K (default 3) and sleeps, so the others wait;
+//       each of the others prints the unix time at which it enters step K's
+//       allreduce, and with M > 0 every rank prints "probe: rank R clock T"
+//       (unix time) to stderr every M ms, so a test can place each of the
+//       watchdog's lines (same process, same stream, so in order) in time
 //   failure_probe loop [--comm-timeout S] [--step-ms M] [--steps N]
 //       N allreduce steps (0: until killed), M ms apart; rank 0 prints
-//       "step K" every 10 steps
+//       "step K" every 10 steps; at the end each rank prints the longest
+//       time it waited in one allreduce
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,7 +40,27 @@ struct ProbeOptions {
   int stall_step = 3;
   int step_ms = 20;
   int64_t steps = 0;  // 0: no end
+  int clock_ms = 0;   // 0: no clock lines
 };
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+double steady_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Prints this rank's wall clock every `period_ms` on stderr, where the
+// watchdog writes too, until the process ends.
+void start_clock(int rank, int period_ms) {
+  std::thread([rank, period_ms] {
+    for (;;) {
+      std::fprintf(stderr, "probe: rank %d clock %.3f\n", rank, unix_now());
+      std::this_thread::sleep_for(std::chrono::milliseconds(period_ms));
+    }
+  }).detach();
+}
 
 ProbeOptions parse(int argc, char** argv) {
   ProbeOptions options;
@@ -51,6 +78,8 @@ ProbeOptions parse(int argc, char** argv) {
       options.step_ms = std::atoi(value);
     } else if (name == "--steps") {
       options.steps = std::atoll(value);
+    } else if (name == "--clock-ms") {
+      options.clock_ms = std::atoi(value);
     } else {
       vqa::runtime::fatal_user_error("failure_probe: unknown option " + name);
     }
@@ -74,26 +103,33 @@ int main(int argc, char** argv) {
     }
     comm->allreduce(buffer, vqa::runtime::ReduceOp::kSum);  // never completes on rank 0
   } else if (options.mode == "stall" || options.mode == "loop") {
+    if (options.clock_ms > 0) start_clock(info.rank, options.clock_ms);
+    double longest_wait = 0.0;
     for (int64_t step = 0; options.steps == 0 || step < options.steps; ++step) {
       comm->set_position(/*epoch=*/0, step);
-      if (options.mode == "stall" && step == options.stall_step &&
-          info.rank == options.stall_rank) {
-        // Wall-clock time, so the test can time the watchdog from here
+      if (options.mode == "stall" && step == options.stall_step) {
+        // Wall-clock times, so the test can time the watchdog from here
         // rather than from mpirun's (slow, load-dependent) start.
-        const double now =
-            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-                .count();
-        std::fprintf(stderr, "probe: rank %d stalls before step %lld at unix time %.3f\n",
-                     info.rank, static_cast<long long>(step), now);
-        std::this_thread::sleep_for(std::chrono::hours(1));
+        if (info.rank == options.stall_rank) {
+          std::fprintf(stderr, "probe: rank %d stalls before step %lld at unix time %.3f\n",
+                       info.rank, static_cast<long long>(step), unix_now());
+          std::this_thread::sleep_for(std::chrono::hours(1));
+        }
+        // Printed before the allreduce starts, so its deadline starts later.
+        std::fprintf(stderr, "probe: rank %d enters step %lld at unix time %.3f\n", info.rank,
+                     static_cast<long long>(step), unix_now());
       }
+      const double began = steady_now();
       comm->allreduce_async(buffer, vqa::runtime::ReduceOp::kAverage)->wait();
+      longest_wait = std::max(longest_wait, steady_now() - began);
       if (info.rank == 0 && step % 10 == 0) {
         std::printf("step %lld\n", static_cast<long long>(step));
         std::fflush(stdout);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(options.step_ms));
     }
+    std::printf("probe: rank %d longest allreduce=%.3f s\n", info.rank, longest_wait);
+    std::fflush(stdout);
   } else {
     vqa::runtime::fatal_user_error("failure_probe: unknown mode " + options.mode);
   }
