@@ -5,8 +5,8 @@
 #
 #   tests/fuzz/run_fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
 #
-# SECONDS_PER_TARGET defaults to 60; TARGET is convert_json, hdf5_bytes or
-# hdf5_edits (default: all three). Environment: VQA_FUZZ_BUILD (build folder,
+# SECONDS_PER_TARGET defaults to 60; TARGET is convert_json, hdf5_bytes,
+# hdf5_edits, safetensors or checkpoint (default: all five). Environment: VQA_FUZZ_BUILD (build folder,
 # default build-fuzz-clang), VQA_FUZZ_JOBS (compile jobs, default 2).
 #
 # Each run starts from the seed corpus (tests/fuzz/corpus/<target>) and the
@@ -29,7 +29,7 @@ fi
 shift $(($# > 0 ? 1 : 0))
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-  targets=(convert_json hdf5_bytes hdf5_edits)
+  targets=(convert_json hdf5_bytes hdf5_edits safetensors checkpoint)
 fi
 for target in "${targets[@]}"; do
   if [[ ! -f "$root/tests/fuzz/fuzz_${target}.cpp" ]]; then
