@@ -127,6 +127,8 @@ std::vector<Case> cases() {
       {train, "--timeline /proc/x.json", "--timeline", {"/proc/x.json"}},
       {train, "--weight-decay -1", "--weight-decay", {"-1"}},
       {train, "--threads -3", "--threads", {"-3"}},
+      // A prefix of an option (--epochs) is a typo, not that option.
+      {train, "--epoch 2", "--epoch", {"unrecognised option '--epoch'"}},
   };
   for (const auto& [name, zero_invalid] : kTrainNumbers) {
     const std::string option = std::string("--") + name;
