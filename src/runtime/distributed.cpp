@@ -20,6 +20,27 @@ RankInfo g_info;
 std::atomic<bool> g_initialized{false};
 MPI_Comm g_io_comm = MPI_COMM_NULL;  // reserved for MPI-IO on the loader thread
 
+// srun started several tasks, but MPI made each a world of its own: the MPI
+// library found no process manager it speaks (Open MPI 5 under
+// srun --mpi=pmi2 starts "singletons"), and every task would train alone
+// as rank 0 into the same run directory. Refused on every task; mpirun's
+// ranks (OMPI_COMM_WORLD_SIZE) and a 1-task step are not affected.
+void refuse_lone_slurm_task(int world_size) {
+  const char* step_tasks = std::getenv("SLURM_STEP_NUM_TASKS");
+  if (world_size != 1 || step_tasks == nullptr || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) {
+    return;
+  }
+  const long tasks = std::strtol(step_tasks, nullptr, 10);
+  if (tasks <= 1) return;
+  fatal_user_error(
+      "srun started " + std::to_string(tasks) +
+      " tasks (SLURM_STEP_NUM_TASKS) but MPI sees a world of 1 rank: the ranks did not find each "
+      "other, so each would train alone as rank 0. The MPI library and srun's PMI plugin do not "
+      "match: Open MPI needs PMIx, so launch with srun --mpi=pmix (srun --mpi=list names the "
+      "plugins this Slurm has; jobs/slurm/lib.sh: VQA_SRUN_MPI=pmix), or with mpirun "
+      "(VQA_LAUNCHER=mpirun)");
+}
+
 }  // namespace
 
 const RankInfo& distributed_init(int* argc, char*** argv) {
@@ -30,6 +51,7 @@ const RankInfo& distributed_init(int* argc, char*** argv) {
   VQA_CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   VQA_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &g_info.rank));
   VQA_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &g_info.world_size));
+  refuse_lone_slurm_task(g_info.world_size);
 
   char host[MPI_MAX_PROCESSOR_NAME] = {0};
   int host_length = 0;
