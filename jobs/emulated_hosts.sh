@@ -211,14 +211,24 @@ command_mpirun() {
   [[ $(id -u) -eq 0 ]] && root_flags=(--allow-run-as-root)
   # mpirun itself is not pinned: Open MPI hands the launching process's
   # allowed cores to its daemons, which would put every rank on host 0's
-  # core. The rank file binds rank i to host i's core instead.
+  # core. The rank file binds rank i to host i's core instead. Open MPI 5's
+  # mpirun (PRRTE 3.0) takes it as --map-by rankfile:file=PATH, but rejects
+  # a PATH with a '-' in it ("unrecognized qualifier"; it also rewrites
+  # --rankfile PATH into that form), as the state folder's name has: there
+  # it reads the file through descriptor 3 instead.
+  local rankfile=$state_root/$name/rankfile placement
+  if [[ $(mpirun --version 2>/dev/null) =~ Open\ MPI\)\ ([0-9]+)\. ]] && ((BASH_REMATCH[1] >= 5)); then
+    placement=(--map-by rankfile:file=/dev/fd/3)
+  else
+    placement=(--rankfile "$rankfile")
+  fi
   # shellcheck disable=SC2016  # the inner shell expands its own arguments
   exec ip netns exec "$name-h0" unshare --uts sh -c 'hostname "$0" && shift && exec "$@"' \
     "$name-h0" _ mpirun "${root_flags[@]}" -np "$hosts" \
-    --hostfile "$state_root/$name/hostfile" --rankfile "$state_root/$name/rankfile" \
+    --hostfile "$state_root/$name/hostfile" "${placement[@]}" \
     --mca plm_rsh_agent "$here/netns_rsh_agent.sh" \
     --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include vqa0 --mca oob_tcp_if_include vqa0 \
-    "$@"
+    "$@" 3<"$rankfile"
 }
 
 command_list() {
