@@ -10,11 +10,12 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 
-#include "checkpoint_files.h"  // load_model, max_relative_difference
+#include "checkpoint_files.h"  // load_model, load_checkpoint, load_first_moments, ...
 #include "process.h"           // run_process, mpirun_prefix, make_temp_dir
 #include "run_files.h"         // read_metrics
 
@@ -22,9 +23,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using vqa::testing::differing_tensors;
+using vqa::testing::global_norm;
+using vqa::testing::load_checkpoint;
+using vqa::testing::load_first_moments;
 using vqa::testing::load_model;
 using vqa::testing::max_relative_difference;
 using vqa::testing::read_metrics;
+using vqa::testing::whole_relative_difference;
 
 class TrainingRuns : public ::testing::Test {
  protected:
@@ -70,7 +76,35 @@ class TrainingRuns : public ::testing::Test {
   static inline std::string directory_, dataset_, augmented_dataset_, last_output_;
 };
 
+// The same samples make each optimiser step; only the order of float
+// additions differs. The weights after 10 steps agree to 1e-5 relative per
+// parameter tensor. They would also agree with the gradient off by a uniform
+// factor (AdamW's m / sqrt(v) divides it out; so does clipping, below), so the
+// first step's synchronised gradient is compared as well: the first moments
+// of a 1-step run are (1 - beta1) x that gradient. Measured 1.8e-7 relative
+// (all parameters as one vector); tolerance 1e-6, where a sum over the ranks
+// instead of their average or a missing 1/accumulation is off by 2x.
 TEST_F(TrainingRuns, TwoRanksEqualOneRankWithDoubleBatchAndWithAccumulation) {
+  const std::string first_step =
+      " --epochs 1 --max-steps-per-epoch 1 --global-batch 16 --eval-every 0 ";
+  const auto epoch_end = "/checkpoints/epoch-0000.pt";
+  const auto first_two =
+      load_first_moments(train("first2", 2, first_step + "--batch-per-rank 8") + epoch_end);
+  const auto first_one =
+      load_first_moments(train("first1", 1, first_step + "--batch-per-rank 16") + epoch_end);
+  const auto first_accumulated =
+      load_first_moments(train("first1acc", 1, first_step + "--batch-per-rank 8") + epoch_end);
+  std::printf(
+      "first step's gradient, relative difference as one vector: 2 ranks vs 1 rank %.3g, "
+      "accumulation vs 1 rank %.3g; norm ratios %.7g, %.7g\n",
+      whole_relative_difference(first_two, first_one),
+      whole_relative_difference(first_accumulated, first_one),
+      global_norm(first_two) / global_norm(first_one),
+      global_norm(first_accumulated) / global_norm(first_one));
+  EXPECT_GT(global_norm(first_one), 0.0);
+  EXPECT_LT(whole_relative_difference(first_two, first_one), 1e-6);
+  EXPECT_LT(whole_relative_difference(first_accumulated, first_one), 1e-6);
+
   const std::string common =
       " --epochs 1 --max-steps-per-epoch 10 --global-batch 16 --eval-every 0 ";
   const auto two_ranks =
@@ -80,8 +114,6 @@ TEST_F(TrainingRuns, TwoRanksEqualOneRankWithDoubleBatchAndWithAccumulation) {
   const auto accumulated =
       load_model(train("eq1acc", 1, common + "--batch-per-rank 8") + "/checkpoints/epoch-0000.pt");
   EXPECT_NE(last_output_.find("2 accumulation step(s)"), std::string::npos) << last_output_;
-  // The same samples make each optimiser step; only the order of float
-  // additions differs. Tolerance: 1e-5 relative per parameter tensor.
   const double two_vs_one = max_relative_difference(two_ranks, one_rank);
   const double accumulated_vs_one = max_relative_difference(accumulated, one_rank);
   std::printf("max relative difference: 2 ranks vs 1 rank %.3g, accumulation vs 1 rank %.3g\n",
@@ -140,6 +172,10 @@ TEST_F(TrainingRuns, AugmentedRunsMatchAcrossRankCountsAndResumeExactly) {
   for (const char* key : {"train_loss", "test_loss", "overall", "lr"}) {
     EXPECT_EQ(got[0][key].get<double>(), expected[2][key].get<double>()) << key;
   }
+  // Every tensor of the last checkpoint: weights, AdamW moments, position.
+  EXPECT_EQ(differing_tensors(load_checkpoint(straight + "/checkpoints/epoch-0002.pt"),
+                              load_checkpoint(resumed + "/checkpoints/epoch-0002.pt")),
+            "");
 }
 
 // Gradient clipping on averaged gradients: 2 ranks clip what 1 rank with
@@ -197,6 +233,11 @@ TEST_F(TrainingRuns, CudaGraphWhereCaptureCannotWorkIsTheRunWithoutIt) {
   EXPECT_EQ(sync_line(graph_output), sync_line(plain_output));
 }
 
+// A 2-rank run resumed from epoch 1's checkpoint of 4 ends where the
+// uninterrupted run ends, in every tensor of the last checkpoint (weights,
+// AdamW moments, position) and every metric; resumed on 1 rank (the same
+// samples, sums in another order) within 1e-5 relative per weight tensor
+// (measured 6e-8).
 TEST_F(TrainingRuns, ResumeContinuesExactlyAndAtAnotherRankCount) {
   const std::string common = " --epochs 4 --max-steps-per-epoch 6 --global-batch 16 ";
   const auto straight = train("straight", 2, common + "--batch-per-rank 8");
@@ -225,6 +266,16 @@ TEST_F(TrainingRuns, ResumeContinuesExactlyAndAtAnotherRankCount) {
                 1e-4 * want["train_loss"].get<double>());
     EXPECT_EQ(got_one_rank[i]["lr"].get<double>(), want["lr"].get<double>());
   }
+
+  const std::string last = "/checkpoints/epoch-0003.pt";
+  const auto want_last = load_checkpoint(straight + last);
+  EXPECT_EQ(differing_tensors(want_last, load_checkpoint(resumed + last)), "")
+      << "resumed at 2 ranks differs from the uninterrupted run";
+  const double one_rank_vs_straight =
+      max_relative_difference(load_model(one_rank + last), load_model(straight + last));
+  std::printf("max relative difference of the weights: resumed at 1 rank vs uninterrupted %.3g\n",
+              one_rank_vs_straight);
+  EXPECT_LT(one_rank_vs_straight, 1e-5);
 }
 
 TEST_F(TrainingRuns, StopSignalOnOneRankCheckpointsEveryRankAndResumesExactly) {
@@ -263,6 +314,24 @@ TEST_F(TrainingRuns, StopSignalOnOneRankCheckpointsEveryRankAndResumesExactly) {
   std::string name;
   ASSERT_TRUE(latest >> name) << "no checkpoints/latest after the stop";
   std::printf("stop checkpoint: %s\n", name.c_str());
+  // Inside an epoch after the first (the signal came once epoch 0 was logged):
+  // epoch-E-step-S.pt with 0 < S < 30, S also in the file and in the log.
+  long long stop_epoch = -1, stop_step = -1;
+  int consumed = 0;
+  ASSERT_EQ(
+      std::sscanf(name.c_str(), "epoch-%lld-step-%lld.pt%n", &stop_epoch, &stop_step, &consumed), 2)
+      << "not a mid-epoch checkpoint: " << name;
+  EXPECT_EQ(consumed, static_cast<int>(name.size())) << name;
+  EXPECT_GE(stop_epoch, 1) << name;
+  EXPECT_GT(stop_step, 0) << name;
+  EXPECT_LT(stop_step, 30) << name;
+  const auto stop_state = load_checkpoint(out + "/checkpoints/" + name);
+  ASSERT_EQ(stop_state.count("state.step_in_epoch"), 1u);
+  EXPECT_EQ(stop_state.at("state.step_in_epoch").item<int64_t>(), stop_step);
+  EXPECT_NE(stopped.output.find("stopped by SIGUSR1 at epoch " + std::to_string(stop_epoch) +
+                                " after " + std::to_string(stop_step) + " of its optimiser steps"),
+            std::string::npos)
+      << stopped.output;
 
   train("stopped", 2, common + "--resume auto");
   EXPECT_NE(last_output_.find("resumed from"), std::string::npos) << last_output_;
@@ -279,6 +348,11 @@ TEST_F(TrainingRuns, StopSignalOnOneRankCheckpointsEveryRankAndResumesExactly) {
       EXPECT_EQ(got[i][key], want[i][key]) << key << " epoch " << i;
     }
   }
+
+  // Every tensor of the last checkpoint: weights, AdamW moments, position.
+  EXPECT_EQ(differing_tensors(load_checkpoint(straight + "/checkpoints/epoch-0004.pt"),
+                              load_checkpoint(out + "/checkpoints/epoch-0004.pt")),
+            "");
 
   // A completed run started again with --resume auto does nothing.
   train("stopped", 2, common + "--resume auto");
@@ -363,6 +437,9 @@ TEST_F(TrainingRuns, Fp16LossScalingSkipsOverflowsAlikeAndSurvivesResume) {
   ASSERT_EQ(again.size(), 1u);
   EXPECT_EQ(again[0]["loss_scale"].get<double>(), 524288.0);
   EXPECT_EQ(again[0]["train_loss"].get<double>(), lines[2]["train_loss"].get<double>());
+  EXPECT_EQ(differing_tensors(load_checkpoint(scaled + "/checkpoints/epoch-0002.pt"),
+                              load_checkpoint(resumed + "/checkpoints/epoch-0002.pt")),
+            "");
 }
 
 // The GPU path's decisions on the device (ATen's fused AdamW, LibTorch 2.4
