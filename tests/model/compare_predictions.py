@@ -3,12 +3,15 @@
 
     compare_predictions.py logits REFERENCE.json PREDICTIONS.jsonl TOLERANCE
         vqa_train's logits (--predictions-logits) against the reference's:
-        max |ours - reference| / max |reference| over every logit <= TOLERANCE.
+        each question once, every row as long as the reference's, and
+        max |ours - reference| / max |reference| over every logit <= TOLERANCE
+        (a NaN or an infinity in either file fails).
     compare_predictions.py same A.jsonl B.jsonl TOLERANCE
         two prediction files (1 and 2 ranks) hold the same questions in the
         same order with equal fields, numbers within TOLERANCE absolute.
 """
 import json
+import math
 import sys
 
 
@@ -20,9 +23,19 @@ def records(path):
 def logits(reference_path, predictions_path, tolerance):
     with open(reference_path) as f:
         reference = json.load(f)
-    ours = {str(r["qid"]): r["logits"] for r in records(predictions_path)}
+    rows = records(predictions_path)
+    ours = {str(r["qid"]): r["logits"] for r in rows}
+    if len(ours) != len(rows):
+        sys.exit(f"FAIL: {len(rows) - len(ours)} question(s) appear more than once in ours")
     if sorted(ours) != sorted(reference):
         sys.exit(f"FAIL: question ids differ: {len(ours)} ours, {len(reference)} reference")
+    # zip() below would stop at the shorter row: a truncated row must fail here.
+    for q in reference:
+        if len(ours[q]) != len(reference[q]):
+            sys.exit(f"FAIL: qid {q}: {len(ours[q])} logits, the reference has {len(reference[q])}")
+    values = [v for row in list(ours.values()) + list(reference.values()) for v in row]
+    if not values or not all(math.isfinite(v) for v in values):
+        sys.exit("FAIL: no logits, or a NaN or an infinity among them")
     scale = max(abs(v) for row in reference.values() for v in row)
     worst = max(abs(a - b) for q in reference for a, b in zip(ours[q], reference[q]))
     print(f"logits of {len(ours)} questions x {len(next(iter(ours.values())))} answers: max abs "
@@ -34,7 +47,7 @@ def logits(reference_path, predictions_path, tolerance):
 
 def close(a, b, tolerance, where):
     if isinstance(a, float) or isinstance(b, float):
-        if abs(a - b) > tolerance:
+        if not abs(a - b) <= tolerance:  # a NaN on either side fails too
             sys.exit(f"FAIL: {where}: {a} against {b}")
     elif isinstance(a, list):
         if len(a) != len(b):
