@@ -1,7 +1,8 @@
 // The operators one CPU training step of the `small` preset dispatches
 // (batch 2, float32, one thread), held by train_op_count, which counts them
 // with RecordFunction callbacks, and by train_profile, whose profiled
-// vqa_train step must hold them plus the training loop's own. They depend on
+// vqa_train step must come within 25% of them (its batches have other
+// sizes). They depend on
 // the LibTorch version (each decomposes operators its own way): the numbers
 // below are per version, and a version without numbers has none held.
 //
