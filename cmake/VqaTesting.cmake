@@ -1,10 +1,15 @@
 # Every test's environment: one thread per process (the tests oversubscribe
-# 2 cores with 3 ranks), and Open MPI's ob1 PML named, the one it selects on
-# a machine without InfiniBand or Omni-Path anyway: named, it skips opening
-# the cm PML and its PSM and PSM2 transports, 0.2 s of every process's
-# MPI_Init here (0.42 -> 0.21 s for an empty MPI program, train_bad_options
-# 180 -> 163 s). Nothing else changes: the same PML and BTLs carry the data.
+# 2 cores with 3 ranks), and Open MPI's ob1 PML named: the one it selects on
+# a machine without InfiniBand or Omni-Path anyway, named so that MPI_Init
+# skips opening the cm PML and its PSM transports (about half of an empty
+# MPI program's start-up). The same PML and BTLs carry the data.
 set(VQA_TEST_ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1;OMPI_MCA_pml=ob1")
+# A CPU-only LibTorch on a host with NVIDIA GPUs: vqa_train refuses
+# --device auto there (src/train/setup.cpp), so the tests run with every GPU
+# hidden, which tells it the CPU is meant (train_device_guard unhides them).
+if(NOT TORCH_CUDA_LIBRARIES)
+  list(APPEND VQA_TEST_ENVIRONMENT "CUDA_VISIBLE_DEVICES=")
+endif()
 
 # A GoogleTest program (linked with vqa_gtest_main or vqa_test_main) exits 77
 # when it skipped a case and failed none: CTest shows that test as skipped,

@@ -143,8 +143,7 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
       .add_choice("packed-attention", &c.packed_attention,
                   "one GEMM for the q, k and v projections (k and v across); the same function "
                   "and parameter names: on (the option alone) | off | auto (on on a GPU, where "
-                  "it measured 161 against 135 samples/s on an H200; off on the CPU, where it "
-                  "measured no faster)",
+                  "fewer, larger GEMMs pay; off on the CPU, where they do not)",
                   kPackedAttentionNames, /*implicit=*/"on")
       .add("cuda-graph", &c.cuda_graph,
            "GPU: after 3 eager steps, capture one step's forward, backward and gradient "

@@ -50,9 +50,12 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
     return 0;
   }
   const torch::Device device = train::setup_device(config, rank);
-  train::RunLog log(config.out, /*writer=*/rank.rank == 0);
+  train::RunLog log(config.out, /*writer=*/rank.rank == 0, device);
   if (rank.rank == 0) runtime::warn_if_reference_blas();
   const train::StepGraphPlan graph_plan = train::plan_step_graph(config, device, log);
+  // What checkpoints record: the configuration as this run uses it (the plan
+  // may have changed it: --cuda-graph pads questions where it captures).
+  const std::string used_config_ini = train::config_to_ini(config);
 
   // ---- data -----------------------------------------------------------------
   // Node-local copies that differ would hang the collective HDF5 open.
@@ -126,7 +129,7 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
     return train::run_evaluation_only(
         parts, test_loader, resumed_from.empty() ? initialized_from : "--resume " + resumed_from);
   }
-  return train::run_training(parts, train_loader, test_loader, probe, config_ini, state);
+  return train::run_training(parts, train_loader, test_loader, probe, used_config_ini, state);
 }
 
 }  // namespace

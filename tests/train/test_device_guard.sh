@@ -17,6 +17,9 @@ set -euo pipefail
 # shellcheck source=tests/support/script_test.sh
 source "$(dirname "$0")/../support/script_test.sh"
 script_test_begin device_guard "$1" "$2"
+# The suite hides GPUs from a CPU-only LibTorch (cmake/VqaTesting.cmake);
+# this test is about the host that does not.
+unset CUDA_VISIBLE_DEVICES
 train=$build_dir/vqa_train
 recipe=$source_dir/jobs/configs/vqa_rad.ini
 # The refusal's words (src/train/setup.cpp, why_no_usable_gpu).
