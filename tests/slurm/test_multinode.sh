@@ -13,9 +13,12 @@
 #     two micro-batches of 16, started with jobs/launch_local.sh): train and
 #     test loss within 1e-5 relative; the two launchers' runs equal each
 #     other exactly (every non-timing field);
-#   - srun --mpi=pmi2: refused, the job failing at MPI_Init with Open MPI's
-#     message that it was not built with Slurm's PMI support (Debian's Open
-#     MPI 4 speaks PMIx only);
+#   - srun --mpi=pmi2: refused, the job FAILED with no DONE marker. Open MPI
+#     4 (Debian's speaks PMIx only) fails in MPI_Init with its message that
+#     it was not built with Slurm's PMI support; Open MPI 5 finds no PMIx
+#     server and starts each task as a singleton, which vqa_train refuses
+#     at start-up ("the ranks did not find each other", naming
+#     srun --mpi=pmix) instead of training once per task as rank 0;
 # then that after the cluster is stopped no Slurm or munge daemon, network
 # namespace or veth link of it is left, and that a second cluster whose
 # owner is killed with SIGKILL is gone as well within 15 s.
@@ -136,9 +139,22 @@ python3 "$source_dir/tests/slurm/compare_metrics.py" "$work/run-srun/metrics.jso
 stage "train_multinode.sbatch --nodes=2, launcher srun --mpi=pmi2 (expected: refused)"
 run_job srun pmi2 "$work/run-pmi2"
 [[ $state == FAILED ]] || fail "job $job (srun --mpi=pmi2) ended $state; expected FAILED"
-grep -q "OMPI was not built with SLURM's PMI support" "$output" ||
-  fail "job $job (srun --mpi=pmi2) failed without Open MPI's message naming the missing PMI support"
-echo "srun --mpi=pmi2 refused: $(grep -m 1 "OMPI was not built" "$output")"
+ompi_major=0
+[[ $(mpirun --version 2>/dev/null) =~ Open\ MPI\)\ ([0-9]+)\. ]] && ompi_major=${BASH_REMATCH[1]}
+if ((ompi_major >= 5)); then
+  refusal="the ranks did not find each other"
+  grep -q "$refusal" "$output" ||
+    fail "job $job (srun --mpi=pmi2, Open MPI $ompi_major) failed without vqa_train's message" \
+      "that the ranks did not find each other"
+  grep -q "srun --mpi=pmix" "$output" || fail "job $job: the refusal does not name srun --mpi=pmix"
+  # Each task refuses; --kill-on-bad-exit may end the second before it says so.
+  echo "tasks that printed the refusal: $(grep -c "$refusal" "$output" || true)"
+else
+  refusal="OMPI was not built with SLURM's PMI support"
+  grep -q "$refusal" "$output" ||
+    fail "job $job (srun --mpi=pmi2) failed without Open MPI's message naming the missing PMI support"
+fi
+echo "srun --mpi=pmi2 refused (Open MPI $ompi_major): $(grep -m 1 "$refusal" "$output" | cut -c 1-200)"
 [[ ! -f $work/run-pmi2/DONE ]] || fail "the pmi2 job wrote a DONE marker"
 
 stage "stop: no daemon, namespace or link left"
