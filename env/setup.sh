@@ -2,7 +2,7 @@
 # Installs every system package vqa-hpc needs on Debian 12 / Ubuntu 22.04+.
 # Idempotent: when everything is present it only checks (a second or two).
 # Needs root (or sudo). CUDA and NCCL are not installed here: on GPU machines
-# they come from the site (modules, /usr/local/cuda); see README.md.
+# they come from the site (modules, /usr/local/cuda); see docs/install.md.
 set -euo pipefail
 
 packages=(

@@ -15,8 +15,8 @@ cmake --build build --parallel "$(env -u OMP_NUM_THREADS nproc)" --target vqa_pr
 mkdir -p data
 build/vqa_prep synth -o data/synth.h5
 
-# 2 ranks whatever the machine: the configuration's batch sizes (global 64 =
-# 32 per rank x 2) and its tuning are for two. The launcher gives each rank
+# 2 ranks whatever the machine: the configuration's batch sizes (global 32 =
+# 16 per rank x 2) and its tuning are for two. The launcher gives each rank
 # half of the cores.
 jobs/launch_local.sh --ranks 2 build/vqa_train --config jobs/configs/quickstart.ini "$@"
 

@@ -39,8 +39,9 @@ class MultiHeadAttentionImpl : public torch::nn::Module {
 
   // One GEMM for the q, k and v projections (k and v in cross-attention)
   // over the three weights concatenated per call. The same function (a test
-  // checks 1e-5), the same parameters and names. Off by default: on the CPU
-  // (OpenBLAS, one thread) it measured slower than three GEMMs (README).
+  // checks 1e-5), the same parameters and names. --packed-attention auto
+  // packs on GPUs only: on the CPU (OpenBLAS, one thread) it measured no
+  // faster than three GEMMs (docs/design.md).
   void set_packed_projections(bool packed);
 
  private:

@@ -30,7 +30,7 @@ bool keep_freed_memory_for_reuse();
 // Open MPI's progress loop spins while a collective waits for another rank;
 // the communicator's progress thread doing so takes a core from backward
 // whenever ranks share cores (2 ranks on 2 cores: backward 290 -> 260 ms per
-// step of the small preset, 2-rank samples/s +15%, README). This sets
+// step of the small preset, 2-rank samples/s +15%). This sets
 // OMPI_MCA_mpi_yield_when_idle=1 (sched_yield() in the loop when nothing
 // progressed) for MPI_Init to read. Call before MPI_Init. Does nothing when
 // the variable is set already (by the user, or by mpirun --mca

@@ -27,7 +27,7 @@ double ring_seconds(double bytes, const Fabric& fabric, int ranks, double* laten
 
 const std::vector<Fabric>& fabric_presets() {
   // Bus bandwidths as nccl-tests reports them for large allreduces; latencies
-  // per ring step. README.md ("Projection to N ranks") gives the sources.
+  // per ring step. docs/performance.md ("Projection to N ranks") gives the sources.
   static const std::vector<Fabric> presets = {
       {"nvlink-h100", 450.0, 5e-6,
        "8x H100/H200 SXM, NVLink 4 + NVSwitch: nccl-tests busbw 370-480 GB/s"},

@@ -48,7 +48,7 @@ struct Fabric {
   double bus_gbps_in_backward = 0.0;
 };
 
-// The built-in fabrics (README: "Projection to N ranks" lists their sources).
+// The built-in fabrics (docs/performance.md, "Projection to N ranks", lists their sources).
 const std::vector<Fabric>& fabric_presets();
 // A measured fabric as text, for help and error messages (a literal, so that
 // option tables can keep it as their help's const char*).

@@ -4,7 +4,7 @@
 // gathers them and builds an EpochReport: each phase's mean, p50 and p95
 // across ranks (of the per-rank mean per step), samples/s per rank and in
 // total, the slowest rank, the gradient bytes per step and the bandwidth, and
-// the diagnosis. The rules and their thresholds are below and in README.md.
+// the diagnosis. The rules and their thresholds are below and in docs/performance.md.
 #pragma once
 
 #include <torch/torch.h>

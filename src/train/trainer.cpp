@@ -404,7 +404,7 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
   bool applied = true;
   if (parts.scaler) {
     // fp16: unscaled before clipping; an overflow skips the step and halves
-    // the scale, on every rank alike (README: "Precision").
+    // the scale, on every rank alike (docs/training.md).
     const auto found_inf = parts.gradients.any_rank(
         parts.scaler->unscale_and_check(parts.gradients.bucket_gradients()));
     const bool overflow = found_inf.item<bool>();

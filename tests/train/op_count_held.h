@@ -9,7 +9,7 @@
 // To update them after a change that dispatches more or fewer operators:
 // run `ctest -R '^train_op_count$' --output-on-failure`, copy the counts it
 // prints into the row of the LibTorch version it ran with, and the 1.13 row
-// into README.md ("Operators per step").
+// into docs/benchmarks.md ("Operators per step").
 #pragma once
 
 #include <torch/version.h>

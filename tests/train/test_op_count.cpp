@@ -149,7 +149,7 @@ TEST(OperatorCount, OneSmallCpuStepDispatchesExactlyTheHeldCounts) {
           "the LibTorch ") +
       kHeldOperatorCounts.libtorch + " row becomes {\"" + kHeldOperatorCounts.libtorch + "\", " +
       initializer(counts.separate.counts) + ", " + initializer(counts.packed.counts) +
-      "} (and for 1.13, README.md \"Operators per step\" says the same numbers).";
+      "} (and docs/benchmarks.md, \"Operators per step\", says the same numbers).";
   EXPECT_TRUE(counts.separate.counts == kHeldOperatorCounts.separate)
       << "separate q, k, v: counted " << describe(counts.separate.counts) << "; held "
       << describe(kHeldOperatorCounts.separate) << update;
