@@ -57,22 +57,24 @@ else
   grep '^Torch_DIR' "$work/configure/CMakeCache.txt" >&2 || true
   fail "VQA_TORCH_FROM_PYTHON=ON did not configure against the python's torch ($python_torch_cmake)"
 fi
-if configure_with "echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1"; then
-  fail "VQA_TORCH_FROM_PYTHON=ON configured with a python that has no torch"
-elif ! tr -s ' \n' ' ' <"$work/configure.log" | grep -q "cannot import torch (exit 1: ModuleNotFoundError.*pip install torch.*CMAKE_PREFIX_PATH=/path/to/libtorch"; then
-  tail -n 20 "$work/configure.log" >&2
-  fail "VQA_TORCH_FROM_PYTHON=ON with a python without torch: not the expected error"
-else
-  echo "VQA_TORCH_FROM_PYTHON=ON, a python without torch: refused at configure time"
-fi
-if configure_with "echo $work/no-cmake-files"; then
-  fail "VQA_TORCH_FROM_PYTHON=ON configured with a torch that has no TorchConfig.cmake"
-elif ! tr -s ' \n' ' ' <"$work/configure.log" | grep -q "no Torch/TorchConfig.cmake"; then
-  tail -n 20 "$work/configure.log" >&2
-  fail "VQA_TORCH_FROM_PYTHON=ON with a torch without CMake files: not the expected error"
-else
-  echo "VQA_TORCH_FROM_PYTHON=ON, a torch without CMake files (as Debian's python3-torch): refused"
-fi
+# expect_refused WHAT PYTHON_SCRIPT_BODY PATTERN: configuring with that
+# stand-in python must fail with an error matching PATTERN.
+expect_refused() {
+  local what=$1 body=$2 pattern=$3
+  if configure_with "$body"; then
+    fail "VQA_TORCH_FROM_PYTHON=ON configured with $what"
+  elif ! tr -s ' \n' ' ' <"$work/configure.log" | grep -q "$pattern"; then
+    tail -n 20 "$work/configure.log" >&2
+    fail "VQA_TORCH_FROM_PYTHON=ON with $what: not the expected error"
+  else
+    echo "VQA_TORCH_FROM_PYTHON=ON with $what: refused at configure time"
+  fi
+}
+expect_refused "a python without torch" \
+  "echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1" \
+  "cannot import torch (exit 1: ModuleNotFoundError.*pip install torch.*CMAKE_PREFIX_PATH=/path/to/libtorch"
+expect_refused "a torch without CMake files (as Debian's python3-torch)" \
+  "echo $work/no-cmake-files" "no Torch/TorchConfig.cmake"
 rm -rf "$work/configure"
 
 # The quickstart's configuration, 2 optimiser steps on 1 CPU rank: also says
