@@ -231,7 +231,9 @@ TEST(Watchdog, HealthyJobIsNeverStopped) {
     longest = std::max(longest, wait);
   }
   std::printf("healthy job: longest allreduce %.3f s\n", longest);
-  if (longest < kTimeout / 2) EXPECT_FALSE(contains(out, "collective watchdog")) << out;
+  if (longest < kTimeout / 2) {
+    EXPECT_FALSE(contains(out, "collective watchdog")) << out;
+  }
 }
 
 }  // namespace
