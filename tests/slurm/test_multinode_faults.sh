@@ -33,12 +33,13 @@
 #      resumes from the last complete checkpoint and ends with the same
 #      metrics as the uninterrupted run.
 #      Open MPI 5 ends the surviving rank sooner, before the watchdog: its
-#      TCP transport's write to the lost peer fails ("writev failed ...
-#      peer: <host 1>"), and the rank exits with Open MPI's error code
-#      (14); there the line naming host 1 is that one, and the job's exit
-#      code is the launcher's status as the batch script reports it
-#      (not 0, not 75). Everything else is checked as on Open MPI 4:
-#      within 60 s, COMPLETING, then FAILED, not requeued, resumed.
+#      TCP transport fails on the lost peer and the rank exits with Open
+#      MPI's error code (14), in some runs printing a line that names host
+#      1 ("writev failed ... peer: <host 1>"), in others nothing: there the
+#      naming is reported, not required, and the job's exit code is the
+#      launcher's status as the batch script reports it (not 0, not 75).
+#      Everything else is checked as on Open MPI 4: within 60 s,
+#      COMPLETING, then FAILED, not requeued, resumed.
 #
 #   tests/slurm/test_multinode_faults.sh SOURCE_DIR BUILD_DIR
 #
@@ -209,11 +210,12 @@ echo "the job's launcher ended $ended s after host 1 was lost"
 cat "$output"
 ((ended <= 60)) || fail "the surviving rank took $ended s (> 60 s) to end"
 if ((ompi_major >= 5)); then
-  # The transport's line, or the watchdog's where it comes first.
+  # The transport's line, or the watchdog's where it comes first; Open MPI
+  # 5 may also end the rank without a word (see the header).
   lost_line=$(grep -m 1 -E "peer: $name-h1 .*(writev|readv|send|recv).* failed|rank 1 \\($name-h1\\)" \
     "$output" || true)
-  [[ -n $lost_line ]] || fail "no line (Open MPI $ompi_major's TCP transport or the watchdog) names" \
-    "the lost peer $name-h1"
+  [[ -n $lost_line ]] ||
+    lost_line="(none: Open MPI $ompi_major ended the surviving rank without naming $name-h1)"
   lost_exit=$(sed -n 's/.*srun exited with status \([0-9]*\)$/\1/p' "$output" | tail -n 1)
   lost_exit_why="the launcher's status under Open MPI $ompi_major"
   [[ -n $lost_exit && $lost_exit != 0 && $lost_exit != 75 ]] ||
