@@ -77,11 +77,11 @@ namespace {
 // once per level, and a header is untrusted: [[[[...]]]] 100,000 deep would
 // overflow the stack.
 std::string json_excerpt(const nlohmann::json& value) {
-  const bool flat = !value.is_structured() ||
-                    (value.is_array() && std::all_of(value.begin(), value.end(),
-                                                     [](const nlohmann::json& item) {
-                                                       return item.is_primitive();
-                                                     }));
+  const bool flat =
+      !value.is_structured() ||
+      (value.is_array() && std::all_of(value.begin(), value.end(), [](const nlohmann::json& item) {
+         return item.is_primitive();
+       }));
   if (!flat) return std::string("(a JSON ") + value.type_name() + ")";
   std::string text = value.dump();
   return text.size() <= 80 ? text : text.substr(0, 77) + "...";

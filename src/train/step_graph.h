@@ -2,15 +2,14 @@
 // allreduces backward launches (NCCL), replayed as one CUDA graph.
 //
 // A base-size step dispatches about 85,000 operators on the CPU (docs/
-// benchmarks.md, "Operators per step"); on a GPU the host's time to launch them is a fixed cost per step
-// that a graph removes. The first kWarmupSteps steps run eagerly (cuBLAS,
-// NCCL and the allocator settle, the optimiser's state is made); the next one
-// is captured on a side stream: its batch's device copy becomes the graph's
-// static input, its forward, loss, backward and gradient averaging are
-// recorded (runtime/cuda_graph.h), and the graph is replayed to run it. Every
-// later step copies its batch into the static input and replays. Non-finite
-// checks, clipping and the optimiser run eagerly after the replay (their
-// few fused kernels, and the learning rate the host sets each step).
+// benchmarks.md, "Operators per step"); on a GPU the host's time to launch them is a fixed cost per
+// step that a graph removes. The first kWarmupSteps steps run eagerly (cuBLAS, NCCL and the
+// allocator settle, the optimiser's state is made); the next one is captured on a side stream: its
+// batch's device copy becomes the graph's static input, its forward, loss, backward and gradient
+// averaging are recorded (runtime/cuda_graph.h), and the graph is replayed to run it. Every later
+// step copies its batch into the static input and replays. Non-finite checks, clipping and the
+// optimiser run eagerly after the replay (their few fused kernels, and the learning rate the host
+// sets each step).
 //
 // Shapes are fixed for the replay: a captured run pads every question to
 // the dataset's length (as --trim-text-padding false); a batch of another

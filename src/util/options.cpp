@@ -86,8 +86,7 @@ bool OptionTable::parse(const std::vector<std::string>& arguments) {
     po::command_line_parser parser(arguments);
     // No abbreviations: Boost would take a typo such as --epoch for --epochs
     // and run with it; an option must be spelt out.
-    parser.style(po::command_line_style::default_style &
-                 ~po::command_line_style::allow_guessing);
+    parser.style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing);
     parser.options(description_);
     if (has_positional_) parser.positional(positional_);
     po::store(parser.run(), values);

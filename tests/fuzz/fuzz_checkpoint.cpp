@@ -17,13 +17,13 @@
 #include <fstream>
 #include <string>
 
-#include "checkpoint_model.h"  // fuzz_checkpoint_model_config
-#include "fuzz_support.h"      // fuzz_require, fuzz_fail, fuzz_scratch_path
-#include "model/m3ae.h"        // M3AE
-#include "train/checkpoint.h"  // checkpoint_load, checkpoint_load_model, checkpoint_verify
-#include "train/optimizer.h"   // VqaOptimizer, OptimizerSettings
-#include "train/run_log.h"     // RunLog
-#include "util/durable_file.h" // crc32_update
+#include "checkpoint_model.h"   // fuzz_checkpoint_model_config
+#include "fuzz_support.h"       // fuzz_require, fuzz_fail, fuzz_scratch_path
+#include "model/m3ae.h"         // M3AE
+#include "train/checkpoint.h"   // checkpoint_load, checkpoint_load_model, checkpoint_verify
+#include "train/optimizer.h"    // VqaOptimizer, OptimizerSettings
+#include "train/run_log.h"      // RunLog
+#include "util/durable_file.h"  // crc32_update
 
 namespace {
 

@@ -9,11 +9,11 @@
 #include <iterator>
 #include <string>
 
-#include "checkpoint_model.h"  // fuzz_checkpoint_model_config
-#include "model/m3ae.h"        // M3AE
-#include "train/checkpoint.h"  // checkpoint_save, checkpoint_save_best
-#include "train/optimizer.h"   // VqaOptimizer, OptimizerSettings
-#include "util/durable_file.h" // crc32_update
+#include "checkpoint_model.h"   // fuzz_checkpoint_model_config
+#include "model/m3ae.h"         // M3AE
+#include "train/checkpoint.h"   // checkpoint_save, checkpoint_save_best
+#include "train/optimizer.h"    // VqaOptimizer, OptimizerSettings
+#include "util/durable_file.h"  // crc32_update
 
 namespace fs = std::filesystem;
 using namespace vqa;
@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
   model::M3AE model(fuzz::fuzz_checkpoint_model_config());
   train::VqaOptimizer optimizer(model, train::OptimizerSettings{});
-  for (auto& parameter : model->parameters()) parameter.mutable_grad() = torch::ones_like(parameter);
+  for (auto& parameter : model->parameters())
+    parameter.mutable_grad() = torch::ones_like(parameter);
   optimizer.step(1);  // so that the archive holds AdamW's moments and step counts
   train::TrainState state;
   state.next_epoch = 2;

@@ -13,8 +13,8 @@
 #include <fstream>
 #include <string>
 
-#include "fuzz_support.h"         // fuzz_require, fuzz_scratch_path
-#include "model/safetensors.h"    // SafetensorsFile, SafetensorsError
+#include "fuzz_support.h"       // fuzz_require, fuzz_scratch_path
+#include "model/safetensors.h"  // SafetensorsFile, SafetensorsError
 
 namespace {
 
@@ -29,7 +29,8 @@ std::string file_from_input(const uint8_t* data, size_t size) {
   const std::string header = rest.substr(0, newline);
   const std::string bytes = newline == std::string::npos ? "" : rest.substr(newline + 1);
   std::string file(8, '\0');
-  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((uint64_t{header.size()} >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    file[i] = static_cast<char>((uint64_t{header.size()} >> (8 * i)) & 0xff);
   return file + header + bytes;
 }
 
