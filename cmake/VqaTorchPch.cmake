@@ -12,7 +12,7 @@ option(VQA_PRECOMPILE_TORCH
        "Precompile <torch/torch.h> once and reuse it in every target that includes LibTorch"
        ON)
 
-# The project's own include roots, where "train/config.h" or "process.h" is looked up.
+# The project's own include roots, where "train/train_config.h" or "process.h" is looked up.
 set(_vqa_include_roots "${PROJECT_SOURCE_DIR}/src" "${PROJECT_SOURCE_DIR}/tests/support"
     "${PROJECT_SOURCE_DIR}/data_prep")
 

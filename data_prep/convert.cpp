@@ -9,13 +9,14 @@
 #include <set>
 #include <stdexcept>
 
-#include "convert_images.h"     // image_load_all, FeatureSource
-#include "convert_medvqa.h"     // records_read_medvqa2019
-#include "convert_records.h"    // Record, records_read_split, records_build_labels
-#include "data/format.h"        // DataFormatError, kAnswerType*, kTokenizer*, kNormalization*
-#include "roberta_tokenizer.h"  // RobertaTokenizer
-#include "text.h"               // WordTokenizer, answer_normalize_m3ae
-#include "writer.h"             // DatasetWriter
+#include "answer_text.h"      // answer_normalize, answer_normalize_m3ae, text_collapse_whitespace
+#include "convert_images.h"   // image_load_all, FeatureSource
+#include "convert_medvqa.h"   // records_read_medvqa2019
+#include "convert_records.h"  // Record, records_read_split, records_build_labels
+#include "data/dataset_format.h"  // DataFormatError, kAnswerType*, kTokenizer*, kNormalization*
+#include "roberta_tokenizer.h"    // RobertaTokenizer
+#include "tokenizer.h"            // WordTokenizer
+#include "writer.h"               // DatasetWriter
 
 namespace vqa::prep {
 

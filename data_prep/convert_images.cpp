@@ -5,7 +5,7 @@
 #include <opencv2/imgcodecs.hpp>
 #include <thread>
 
-#include "data/format.h"          // DataFormatError, kMaxFeatureElements
+#include "data/dataset_format.h"  // DataFormatError, kMaxFeatureElements
 #include "data/image_resample.h"  // image_plan_square, image_resize_bicubic
 
 namespace vqa::prep {

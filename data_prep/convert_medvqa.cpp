@@ -7,8 +7,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "data/format.h"  // DataFormatError, kAnswerTypeOpen
-#include "text.h"         // answer_normalize, text_collapse_whitespace
+#include "answer_text.h"          // answer_normalize, text_collapse_whitespace
+#include "data/dataset_format.h"  // DataFormatError, kAnswerTypeOpen
 
 namespace vqa::prep {
 
@@ -32,7 +32,8 @@ std::vector<std::string> split_on(const std::string& text, char separator) {
   size_t begin = 0;
   for (;;) {
     const size_t end = text.find(separator, begin);
-    pieces.push_back(text.substr(begin, end == std::string::npos ? std::string::npos : end - begin));
+    pieces.push_back(
+        text.substr(begin, end == std::string::npos ? std::string::npos : end - begin));
     if (end == std::string::npos) return pieces;
     begin = end + 1;
   }

@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "data/format.h"  // DataFormatError, kAnswerType*
-#include "text.h"         // answer_normalize, text_collapse_whitespace
+#include "answer_text.h"          // answer_normalize, text_collapse_whitespace
+#include "data/dataset_format.h"  // DataFormatError, kAnswerType*
 
 namespace vqa::prep {
 
@@ -24,9 +24,8 @@ void RecordProblems::report(const std::string& file, size_t index, const std::st
 void RecordProblems::report_at(const std::string& file, const std::string& where,
                                const std::string& qid, const std::string& field,
                                const std::string& message) {
-  const std::string text = file + ": " + where +
-                           (qid.empty() ? "" : " (qid " + qid + ")") + ": field '" + field +
-                           "': " + message;
+  const std::string text = file + ": " + where + (qid.empty() ? "" : " (qid " + qid + ")") +
+                           ": field '" + field + "': " + message;
   if (strict_) throw data::DataFormatError(text + " (--strict)");
   std::fprintf(stderr, "vqa_prep convert: skipping %s\n", text.c_str());
   ++count_;

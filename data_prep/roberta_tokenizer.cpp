@@ -11,8 +11,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "data/format.h"  // DataFormatError, kMaxVocabulary, kTokenizerRoberta
-#include "sha256.h"       // sha256_hex
+#include "data/dataset_format.h"  // DataFormatError, kMaxVocabulary, kTokenizerRoberta
+#include "sha256.h"               // sha256_hex
 
 namespace vqa::prep {
 

@@ -23,7 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "text.h"  // Tokenizer
+#include "tokenizer.h"  // Tokenizer
 
 namespace vqa::prep {
 

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "data/format.h"          // kAnswerTypeClosed, kAnswerTypeOpen
+#include "data/dataset_format.h"  // kAnswerTypeClosed, kAnswerTypeOpen
 #include "data/image_resample.h"  // SourceImage, image_resize_bicubic
-#include "text.h"                 // WordTokenizer
+#include "tokenizer.h"            // WordTokenizer
 #include "util/splitmix64.h"      // SplitMix64
 
 namespace vqa::prep {

@@ -12,15 +12,15 @@
 #include <string>
 #include <vector>
 
-#include "convert.h"            // convert_run, convert_check_options
-#include "data/format.h"        // DataFormatError
-#include "data/hdf5_crash.h"    // hdf5_crash_report_install
-#include "inspect.h"            // inspect_run
-#include "roberta_tokenizer.h"  // ByteLevelBpe, RobertaTokenizer
-#include "synth.h"              // synth_generate
-#include "util/clock.h"         // SteadyClock, seconds_since
-#include "util/options.h"       // OptionTable
-#include "writer.h"             // prep_write_dataset
+#include "convert.h"              // convert_run, convert_check_options
+#include "data/dataset_format.h"  // DataFormatError
+#include "data/hdf5_crash.h"      // hdf5_crash_report_install
+#include "inspect.h"              // inspect_run
+#include "roberta_tokenizer.h"    // ByteLevelBpe, RobertaTokenizer
+#include "synth.h"                // synth_generate
+#include "util/clock.h"           // SteadyClock, seconds_since
+#include "util/options.h"         // OptionTable
+#include "writer.h"               // prep_write_dataset
 
 namespace {
 

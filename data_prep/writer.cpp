@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "data/format.h"    // dataset names, DataFormatError
-#include "runtime/check.h"  // VQA_CHECK_HDF5
+#include "data/dataset_format.h"  // dataset names, DataFormatError
+#include "runtime/check.h"        // VQA_CHECK_HDF5
 
 namespace vqa::prep {
 

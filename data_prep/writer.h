@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "data/dataset_format.h"  // kPadToken
 #include "data/dataset_info.h"    // SpecialTokenIds
-#include "data/format.h"          // kPadToken
 #include "data/hdf5_util.h"       // Hdf5Id
 #include "data/image_resample.h"  // SourceImage
 

@@ -156,21 +156,21 @@ from torch.nn.parallel import DistributedDataParallel
 MASKED_SCORE = -1e4
 # src/model/m3ae.h: std of the normal initialisation.
 INIT_STD = 0.02
-# src/model/config.cpp: RoBERTa's vocabulary, the preset's default.
+# src/model/model_config.cpp: RoBERTa's vocabulary, the preset's default.
 ROBERTA_VOCAB_SIZE = 50265
 
-# RoBERTa's padding_idx (src/model/text.cpp): the position row of padding;
+# RoBERTa's padding_idx (src/model/text_encoder.cpp): the position row of padding;
 # a real token's position is 1 + its rank among the real tokens.
 ROBERTA_PADDING_INDEX = 1
 
-# src/model/config.h: the structure tiny and small keep; base changes it to
+# src/model/model_config.h: the structure tiny and small keep; base changes it to
 # M3AE's (CLIP's QuickGELU in the vision blocks, roberta-base's LayerNorm
 # epsilon in the text encoder and M3AE's in the head, RoBERTa's positions and
 # token-type row). LayerNorm epsilons: vision / text / fusion / head.
 STRUCTURE_DEFAULTS = dict(vision_activation="gelu", layer_norm_eps=(1e-5, 1e-12, 1e-12, 1e-12),
                           text_positions="plain", text_token_type=False)
 
-# src/model/config.cpp, model_config_preset(). vocab_size, num_answers and
+# src/model/model_config.cpp, model_config_preset(). vocab_size, num_answers and
 # image_size are overridden by the dataset, as vqa_train does.
 PRESETS = {
     "tiny": dict(hidden=64, heads=2, ffn=256, vision_layers=1, text_layers=1, fusion_layers=1,

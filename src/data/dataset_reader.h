@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "data/dataset_format.h"  // DataFormatError, dataset names, limits
 #include "data/dataset_info.h"    // DatasetInfo
-#include "data/format.h"          // DataFormatError, dataset names, limits
 #include "data/hdf5_crash.h"      // hdf5_crash_context
 #include "data/hdf5_util.h"       // Hdf5Id
 #include "data/image_resample.h"  // SourceImage

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "data/format.h"      // DataFormatError
-#include "util/hdf5_error.h"  // hdf5_error_stack
+#include "data/dataset_format.h"  // DataFormatError
+#include "util/hdf5_error.h"      // hdf5_error_stack
 
 namespace vqa::data {
 

@@ -30,8 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "data/dataset_format.h"  // DataFormatError, kFormatVersion
 #include "data/dataset_info.h"    // DatasetInfo
-#include "data/format.h"          // DataFormatError, kFormatVersion
 #include "data/image_resample.h"  // RandomCropRanges
 
 namespace vqa::data {

@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "model/config.h"  // ModelConfig
-#include "model/layers.h"  // CoAttentionLayer
+#include "model/layers.h"        // CoAttentionLayer
+#include "model/model_config.h"  // ModelConfig
 
 namespace vqa::model {
 

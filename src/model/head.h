@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "model/config.h"  // ModelConfig
+#include "model/model_config.h"  // ModelConfig
 
 namespace vqa::model {
 

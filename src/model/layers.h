@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "model/config.h"  // Activation
+#include "model/model_config.h"  // Activation
 
 namespace vqa::model {
 

@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"  // ModelConfig, model_config_preset
-#include "model/fusion.h"  // CoAttentionFusion
-#include "model/head.h"    // VqaHead
-#include "model/text.h"    // TextEncoder
-#include "model/vision.h"  // VisionTransformer, FeatureEncoder
+#include "model/fusion.h"          // CoAttentionFusion
+#include "model/head.h"            // VqaHead
+#include "model/model_config.h"    // ModelConfig, model_config_preset
+#include "model/text_encoder.h"    // TextEncoder
+#include "model/vision_encoder.h"  // VisionTransformer, FeatureEncoder
 
 namespace vqa::model {
 

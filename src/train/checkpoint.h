@@ -30,10 +30,10 @@
 
 #include <string>
 
-#include "model/m3ae.h"       // M3AE
-#include "train/optimizer.h"  // VqaOptimizer
-#include "train/run_log.h"    // RunLog: warnings
-#include "train/run_state.h"  // TrainState
+#include "model/m3ae.h"         // M3AE
+#include "train/optimizer.h"    // VqaOptimizer
+#include "train/train_log.h"    // RunLog: warnings
+#include "train/train_state.h"  // TrainState
 
 namespace vqa::train {
 

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "runtime/communicator.h"  // Communicator
-#include "train/config.h"          // TrainConfig
 #include "train/gradient_sync.h"   // GradientSynchronizer, GradientSyncOptions, NamedTensor
-#include "train/run_log.h"         // RunLog
+#include "train/train_config.h"    // TrainConfig
+#include "train/train_log.h"       // RunLog
 
 namespace vqa::train {
 

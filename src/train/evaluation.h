@@ -11,7 +11,7 @@
 #include "data/loader.h"           // ShardedLoader
 #include "model/m3ae.h"            // M3AE
 #include "runtime/communicator.h"  // Communicator
-#include "train/run_state.h"       // EvalStats
+#include "train/train_state.h"     // EvalStats
 
 namespace vqa::train {
 

@@ -36,8 +36,8 @@
 
 #include "model/m3ae.h"            // M3AE, model_parameter_groups
 #include "runtime/communicator.h"  // Communicator
-#include "train/config.h"          // OptimizerRecipe
 #include "train/shard_layout.h"    // ShardBucket
+#include "train/train_config.h"    // OptimizerRecipe
 
 namespace vqa::train {
 

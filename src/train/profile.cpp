@@ -14,8 +14,8 @@
 #include <set>
 #include <utility>
 
-#include "util/durable_file.h"  // write_file_atomically
-#include "util/format.h"        // format
+#include "util/durable_file.h"   // write_file_atomically
+#include "util/printf_format.h"  // format
 
 namespace vqa::train {
 

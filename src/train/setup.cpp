@@ -194,28 +194,6 @@ void setup_packed_attention(const TrainConfig& config, const torch::Device& devi
   }
 }
 
-StepGraphPlan plan_step_graph(TrainConfig& config, const torch::Device& device, RunLog& log) {
-  if (!config.cuda_graph) return {};
-  const StepGraphPlan plan =
-      step_graph_plan(config, device, runtime::cuda_graph_unavailable_reason(),
-                      runtime::graph_capture_unavailable(config.backend, device));
-  const std::string line = step_graph_plan_describe(plan);
-  log.info(line);
-  // Every rank must decide alike (a rank that pads and syncs the whole word
-  // embedding beside one that does not would send other collectives): the
-  // NCCL library, say, is each node's own.
-  require_same_setting_on_all_ranks("CUDA graph plan", line);
-  if (plan.capture) config.trim_text_padding = false;  // one question length: fixed shapes
-  return plan;
-}
-
-std::unique_ptr<StepGraph> setup_step_graph(const StepGraphPlan& plan,
-                                            const torch::Device& device) {
-  if (!plan.capture) return nullptr;
-  runtime::cuda_make_pool_stream_current(device);  // before the gradient hooks: cuda_graph.h
-  return std::make_unique<StepGraph>(device);
-}
-
 model::ModelConfig setup_model_config(const TrainConfig& config, const data::DatasetInfo& dataset) {
   model::ModelConfig model;
   try {

@@ -15,13 +15,13 @@
 #include "runtime/communicator.h"  // Communicator
 #include "runtime/distributed.h"   // RankInfo
 #include "train/comm_setup.h"      // AllreduceProbe
-#include "train/config.h"          // TrainConfig
 #include "train/gradient_sync.h"   // GradientSynchronizer, GradientSyncOptions, NamedTensor
 #include "train/loss_scaler.h"     // LossScaler
 #include "train/optimizer.h"       // VqaOptimizer, OptimizerSettings
-#include "train/run_log.h"         // RunLog
-#include "train/run_state.h"       // TrainState
 #include "train/step_graph.h"      // StepGraph
+#include "train/train_config.h"    // TrainConfig
+#include "train/train_log.h"       // RunLog
+#include "train/train_state.h"     // TrainState
 #include "train/trainer.h"         // TrainingParts
 
 namespace vqa::train {
@@ -46,19 +46,6 @@ bool packed_attention_wanted(PackedAttention mode, const torch::Device& device);
 // says so when packed.
 void setup_packed_attention(const TrainConfig& config, const torch::Device& device,
                             model::M3AE& model, RunLog& log);
-
-// --cuda-graph: whether capture can work on this device, build and backend
-// (step_graph_plan); the log says which and why. Call before the loaders
-// are opened: a captured step needs fixed shapes, so where the plan
-// captures, `config` pads every question to the dataset's length
-// (trim_text_padding off); where it does not, the run is the one without
-// --cuda-graph. Collective: every rank must come to the same plan.
-StepGraphPlan plan_step_graph(TrainConfig& config, const torch::Device& device, RunLog& log);
-// The step graph where `plan` captures, nullptr otherwise. With a graph, the
-// rest of the run computes on a side stream
-// (runtime::cuda_make_pool_stream_current): call before the gradient buckets
-// and the optimiser are made.
-std::unique_ptr<StepGraph> setup_step_graph(const StepGraphPlan& plan, const torch::Device& device);
 
 // ---- data (setup_data.cpp) ----
 

@@ -2,7 +2,10 @@
 
 #include <sstream>
 
-#include "runtime/check.h"  // VQA_CHECK
+#include "runtime/check.h"       // VQA_CHECK
+#include "runtime/cuda_graph.h"  // cuda_graph_unavailable_reason, graph_capture_unavailable
+#include "train/setup.h"         // require_same_setting_on_all_ranks
+#include "train/train_log.h"     // RunLog
 
 namespace vqa::train {
 
@@ -49,7 +52,8 @@ std::string step_graph_plan_describe(const StepGraphPlan& plan) {
   return "";
 }
 
-static_assert(StepGraph::kWarmupSteps == 3, "--cuda-graph's help (config.cpp) says 3 eager steps");
+static_assert(StepGraph::kWarmupSteps == 3,
+              "--cuda-graph's help (train_config.cpp) says 3 eager steps");
 
 StepGraph::StepGraph(const torch::Device& device) : device_(device) {}
 
@@ -92,6 +96,28 @@ torch::Tensor StepGraph::replay() {
   VQA_CHECK(captured(), "replay of a step graph that was not captured");
   graph_->replay();
   return loss_;
+}
+
+StepGraphPlan plan_step_graph(TrainConfig& config, const torch::Device& device, RunLog& log) {
+  if (!config.cuda_graph) return {};
+  const StepGraphPlan plan =
+      step_graph_plan(config, device, runtime::cuda_graph_unavailable_reason(),
+                      runtime::graph_capture_unavailable(config.backend, device));
+  const std::string line = step_graph_plan_describe(plan);
+  log.info(line);
+  // Every rank must decide alike (a rank that pads and syncs the whole word
+  // embedding beside one that does not would send other collectives): the
+  // NCCL library, say, is each node's own.
+  require_same_setting_on_all_ranks("CUDA graph plan", line);
+  if (plan.capture) config.trim_text_padding = false;  // one question length: fixed shapes
+  return plan;
+}
+
+std::unique_ptr<StepGraph> setup_step_graph(const StepGraphPlan& plan,
+                                            const torch::Device& device) {
+  if (!plan.capture) return nullptr;
+  runtime::cuda_make_pool_stream_current(device);  // before the gradient hooks: cuda_graph.h
+  return std::make_unique<StepGraph>(device);
 }
 
 }  // namespace vqa::train

@@ -27,9 +27,11 @@
 
 #include "data/loader.h"         // Batch
 #include "runtime/cuda_graph.h"  // CudaGraph
-#include "train/config.h"        // TrainConfig
+#include "train/train_config.h"  // TrainConfig
 
 namespace vqa::train {
+
+class RunLog;  // train_log.h
 
 struct StepGraphPlan {
   bool capture = false;
@@ -92,5 +94,18 @@ class StepGraph {
   int64_t eager_steps_ = 0;
   bool reported_shape_ = false;
 };
+
+// --cuda-graph: whether capture can work on this device, build and backend
+// (step_graph_plan); the log says which and why. Call before the loaders
+// are opened: a captured step needs fixed shapes, so where the plan
+// captures, `config` pads every question to the dataset's length
+// (trim_text_padding off); where it does not, the run is the one without
+// --cuda-graph. Collective: every rank must come to the same plan.
+StepGraphPlan plan_step_graph(TrainConfig& config, const torch::Device& device, RunLog& log);
+// The step graph where `plan` captures, nullptr otherwise. With a graph, the
+// rest of the run computes on a side stream
+// (runtime::cuda_make_pool_stream_current): call before the gradient buckets
+// and the optimiser are made.
+std::unique_ptr<StepGraph> setup_step_graph(const StepGraphPlan& plan, const torch::Device& device);
 
 }  // namespace vqa::train

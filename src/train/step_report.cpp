@@ -6,9 +6,9 @@
 #include <sstream>
 #include <utility>
 
-#include "runtime/check.h"     // VQA_CHECK
-#include "train/comm_setup.h"  // allreduce_bus_gbps
-#include "util/format.h"       // format
+#include "runtime/check.h"       // VQA_CHECK
+#include "train/comm_setup.h"    // allreduce_bus_gbps
+#include "util/printf_format.h"  // format
 
 namespace vqa::train {
 

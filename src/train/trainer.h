@@ -11,17 +11,17 @@
 #include "runtime/communicator.h"  // Communicator
 #include "runtime/stop_request.h"  // StopAgreement
 #include "train/batches.h"         // DeviceBatchCopy
-#include "train/config.h"          // TrainConfig, FaultInjection
 #include "train/deferred_flag.h"   // DeferredFlag
 #include "train/gradient_sync.h"   // GradientSynchronizer
 #include "train/loss_scaler.h"     // LossScaler
 #include "train/optimizer.h"       // VqaOptimizer
 #include "train/profile.h"         // OperatorProfile
-#include "train/run_log.h"         // RunLog
-#include "train/run_state.h"       // TrainState, EpochStats
 #include "train/step_graph.h"      // StepGraph
 #include "train/step_timer.h"      // StepTimer
 #include "train/timeline.h"        // Timeline
+#include "train/train_config.h"    // TrainConfig, FaultInjection
+#include "train/train_log.h"       // RunLog
+#include "train/train_state.h"     // TrainState, EpochStats
 
 namespace vqa::train {
 

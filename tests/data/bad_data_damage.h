@@ -11,8 +11,8 @@
 #include <functional>
 #include <string>
 
-#include "data/format.h"     // dataset and attribute names
-#include "data/hdf5_util.h"  // Hdf5Id, hdf5_write_*_attribute
+#include "data/dataset_format.h"  // dataset and attribute names
+#include "data/hdf5_util.h"       // Hdf5Id, hdf5_write_*_attribute
 
 namespace {
 

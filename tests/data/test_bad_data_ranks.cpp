@@ -14,10 +14,10 @@
 #include <functional>
 #include <limits>
 
-#include "bad_data_damage.h"  // with_file and the other edits of a good file
-#include "data/format.h"      // dataset and attribute names
-#include "data/hdf5_util.h"   // Hdf5Id, hdf5_write_*_attribute
-#include "process.h"          // run_process, mpirun_prefix, make_temp_dir
+#include "bad_data_damage.h"      // with_file and the other edits of a good file
+#include "data/dataset_format.h"  // dataset and attribute names
+#include "data/hdf5_util.h"       // Hdf5Id, hdf5_write_*_attribute
+#include "process.h"              // run_process, mpirun_prefix, make_temp_dir
 
 namespace {
 

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "answer_text.h"          // answer_normalize_m3ae
 #include "data/dataset_reader.h"  // DatasetReader
 #include "prep_fixture.h"         // write_image, kPrep
 #include "process.h"              // run_process, make_temp_dir
-#include "text.h"                 // answer_normalize_m3ae
 
 namespace {
 
@@ -69,12 +69,10 @@ struct MedVqaFixture {
         std::ofstream(path(split, category), std::ios::binary) << text;
       }
     }
-    return kPrep + " convert --medvqa2019 " + root + " --image-size 16 -o " + output + " " +
-           extra + " 2>&1";
+    return kPrep + " convert --medvqa2019 " + root + " --image-size 16 -o " + output + " " + extra +
+           " 2>&1";
   }
-  bool output_left() const {
-    return !fs::is_empty(fs::path(output).parent_path());
-  }
+  bool output_left() const { return !fs::is_empty(fs::path(output).parent_path()); }
 };
 
 TEST(PrepMedVqa, ConvertsTheReleaseAsM3aeReadsIt) {
@@ -85,8 +83,7 @@ TEST(PrepMedVqa, ConvertsTheReleaseAsM3aeReadsIt) {
   vqa::data::DatasetReader train(fixture.output, "train");
   EXPECT_EQ(train.info().num_questions, 6);
   EXPECT_EQ(train.info().num_images, 3);
-  EXPECT_EQ(train.info().question_types,
-            (std::vector<std::string>{"MODALITY", "ORGAN", "PLANE"}));
+  EXPECT_EQ(train.info().question_types, (std::vector<std::string>{"MODALITY", "ORGAN", "PLANE"}));
   const auto records = train.read_records(0, 6);
   // M3AE's ids: lines counted over train (Modality, Organ, Plane), val, test.
   std::vector<int64_t> qids;
@@ -123,8 +120,9 @@ TEST(PrepMedVqa, BadInputNamesFileAndLineAndLeavesNothing) {
        "--strict", "Plane.csv: line 1: field 'image_id': 'synpic999': no image"},
       {"empty file", "val", "Organ", "\n  \n", "", "Organ.csv: empty"},
       {"duplicate id", "test", "Plane", "synpic301|which plane?|sagittal\nsynpic301|again?|axial\n",
-       "--strict", "Plane.csv: line 2: field 'image_id': duplicate image_id 'synpic301' (first at "
-                   "line 1)"},
+       "--strict",
+       "Plane.csv: line 2: field 'image_id': duplicate image_id 'synpic301' (first at "
+       "line 1)"},
       {"missing file", "test", "Modality", "", "", "Modality.csv: cannot open"},
   };
   for (const Case& c : cases) {
@@ -155,18 +153,18 @@ TEST(PrepMedVqa, BadInputNamesFileAndLineAndLeavesNothing) {
 // Exact equality.
 TEST(M3aeAnswerNormalization, GivesM3aesLabels) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"mr - flair", "mr flair"},            // "- ": the hyphen is deleted
-      {"x-ray", "x ray"},                    // elsewhere it becomes a space
+      {"mr - flair", "mr flair"},  // "- ": the hyphen is deleted
+      {"x-ray", "x ray"},          // elsewhere it becomes a space
       {"T2-weighted?", "t2 weighted"},
       {"lung, mediastinum, pleura", "lung mediastinum pleura"},
-      {"1,000 (approx)", "1000 approx"},     // digit,digit: every mark is deleted
+      {"1,000 (approx)", "1000 approx"},  // digit,digit: every mark is deleted
       {"left-sided, 2,5 cm", "leftsided 25 cm"},
       {"head/neck", "head neck"},
-      {"i.v. contrast", "iv contrast"},      // periods not before a digit go
+      {"i.v. contrast", "iv contrast"},  // periods not before a digit go
       {"a.b 2.5", "ab 2.5"},
       {"x" + std::string(33, '.') + "y", "x.y"},  // at most 32 of them
-      {"dont know", "don't know"},           // contractions
-      {"The two kidneys", "2 kidneys"},      // articles, number words
+      {"dont know", "don't know"},                // contractions
+      {"The two kidneys", "2 kidneys"},           // articles, number words
       {"none", "0"},
       {"what ?", "what"},
       {"CT w/contrast (IV)", "ct w contrast iv"},
@@ -194,8 +192,11 @@ TEST(PrepMedVqa, RefusesContradictoryOptions) {
   auto result = run_process(fixture.command("--train-json x.json"), 60);
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("give no --train-json"), std::string::npos) << result.output;
-  result = run_process(kPrep + " convert --train-json a.json --test-json b.json --val-json c.json "
-                               "--images . -o " + fixture.output + " 2>&1", 60);
+  result = run_process(kPrep +
+                           " convert --train-json a.json --test-json b.json --val-json c.json "
+                           "--images . -o " +
+                           fixture.output + " 2>&1",
+                       60);
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("--val-json adds answers to the label set only"), std::string::npos)
       << result.output;

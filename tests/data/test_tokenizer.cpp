@@ -11,12 +11,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "bpe_corpus.h"         // bpe_corpus
-#include "data/format.h"        // DataFormatError
-#include "process.h"            // run_process, make_temp_dir
-#include "roberta_tokenizer.h"  // ByteLevelBpe, RobertaTokenizer
-#include "sha256.h"             // sha256_hex
-#include "tiny_roberta.h"       // tiny_roberta_write
+#include "bpe_corpus.h"           // bpe_corpus
+#include "data/dataset_format.h"  // DataFormatError
+#include "process.h"              // run_process, make_temp_dir
+#include "roberta_tokenizer.h"    // ByteLevelBpe, RobertaTokenizer
+#include "sha256.h"               // sha256_hex
+#include "tiny_roberta.h"         // tiny_roberta_write
 
 namespace {
 

@@ -4,7 +4,7 @@
 // so that libFuzzer mutates and reloads it thousands of times a minute.
 #pragma once
 
-#include "model/config.h"  // ModelConfig, model_config_preset, model_config_validate
+#include "model/model_config.h"  // ModelConfig, model_config_preset, model_config_validate
 
 namespace vqa::fuzz {
 

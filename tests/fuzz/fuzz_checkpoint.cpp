@@ -22,7 +22,7 @@
 #include "model/m3ae.h"         // M3AE
 #include "train/checkpoint.h"   // checkpoint_load, checkpoint_load_model, checkpoint_verify
 #include "train/optimizer.h"    // VqaOptimizer, OptimizerSettings
-#include "train/run_log.h"      // RunLog
+#include "train/train_log.h"    // RunLog
 #include "util/durable_file.h"  // crc32_update
 
 namespace {

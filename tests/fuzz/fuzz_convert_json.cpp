@@ -7,10 +7,11 @@
 #include <filesystem>
 #include <set>
 
+#include "answer_text.h"      // answer_normalize, answer_normalize_m3ae, text_collapse_whitespace
 #include "convert_records.h"  // records_parse_json, records_build_labels
-#include "data/format.h"      // DataFormatError, kClassToken, kAnswerType*
-#include "fuzz_support.h"     // fuzz_require, fuzz_scratch_path
-#include "text.h"             // WordTokenizer, answer_normalize, text_collapse_whitespace
+#include "data/dataset_format.h"  // DataFormatError, kClassToken, kAnswerType*
+#include "fuzz_support.h"         // fuzz_require, fuzz_scratch_path
+#include "tokenizer.h"            // WordTokenizer
 
 namespace {
 

@@ -10,9 +10,9 @@
 #include <cstring>
 #include <limits>
 
-#include "data/format.h"     // dataset and attribute names, limits
-#include "data/hdf5_util.h"  // Hdf5Id, hdf5_string_type, hdf5_float16_type
-#include "fuzz_support.h"    // fuzz_exercise_reader, fuzz_scratch_path
+#include "data/dataset_format.h"  // dataset and attribute names, limits
+#include "data/hdf5_util.h"       // Hdf5Id, hdf5_string_type, hdf5_float16_type
+#include "fuzz_support.h"         // fuzz_exercise_reader, fuzz_scratch_path
 
 namespace {
 

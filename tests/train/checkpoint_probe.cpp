@@ -19,10 +19,10 @@
 #include <cstdlib>
 #include <string>
 
-#include "model/config.h"      // model_config_preset
-#include "model/m3ae.h"        // M3AE
-#include "train/checkpoint.h"  // checkpoint_save, checkpoint_latest, checkpoint_load
-#include "train/optimizer.h"   // VqaOptimizer, OptimizerSettings
+#include "model/m3ae.h"          // M3AE
+#include "model/model_config.h"  // model_config_preset
+#include "train/checkpoint.h"    // checkpoint_save, checkpoint_latest, checkpoint_load
+#include "train/optimizer.h"     // VqaOptimizer, OptimizerSettings
 
 using namespace vqa;
 

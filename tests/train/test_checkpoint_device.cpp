@@ -12,13 +12,13 @@
 #include <utility>
 #include <vector>
 
-#include "model/config.h"      // model_config_preset
-#include "model/m3ae.h"        // M3AE
-#include "process.h"           // make_temp_dir
-#include "train/checkpoint.h"  // checkpoint_save, checkpoint_save_best, checkpoint_load
-#include "train/optimizer.h"   // VqaOptimizer, OptimizerSettings
-#include "train/run_log.h"     // RunLog
-#include "train/run_state.h"   // TrainState
+#include "model/m3ae.h"          // M3AE
+#include "model/model_config.h"  // model_config_preset
+#include "process.h"             // make_temp_dir
+#include "train/checkpoint.h"    // checkpoint_save, checkpoint_save_best, checkpoint_load
+#include "train/optimizer.h"     // VqaOptimizer, OptimizerSettings
+#include "train/train_log.h"     // RunLog
+#include "train/train_state.h"   // TrainState
 
 namespace fs = std::filesystem;
 

@@ -15,10 +15,10 @@
 
 #include "runtime/communicator.h"  // communicator_create
 #include "runtime/cuda_graph.h"    // cuda_graph_unavailable_reason
-#include "train/config.h"          // config_parse, config_to_ini
 #include "train/gradient_sync.h"   // GradientSynchronizer
 #include "train/setup.h"           // packed_attention_wanted
 #include "train/step_graph.h"      // step_graph_plan
+#include "train/train_config.h"    // config_parse, config_to_ini
 
 namespace {
 

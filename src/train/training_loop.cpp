@@ -1,4 +1,4 @@
-#include "train/run.h"
+#include "train/training_loop.h"
 
 #include <cstdio>
 #include <filesystem>

@@ -5,10 +5,10 @@
 
 #include <string>
 
-#include "data/loader.h"       // ShardedLoader
-#include "train/comm_setup.h"  // AllreduceProbe
-#include "train/run_state.h"   // TrainState
-#include "train/trainer.h"     // TrainingParts
+#include "data/loader.h"        // ShardedLoader
+#include "train/comm_setup.h"   // AllreduceProbe
+#include "train/train_state.h"  // TrainState
+#include "train/trainer.h"      // TrainingParts
 
 namespace vqa::train {
 

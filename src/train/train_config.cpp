@@ -1,4 +1,4 @@
-#include "train/config.h"
+#include "train/train_config.h"
 
 #include <unistd.h>
 

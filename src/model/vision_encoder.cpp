@@ -1,4 +1,4 @@
-#include "model/vision.h"
+#include "model/vision_encoder.h"
 
 namespace vqa::model {
 

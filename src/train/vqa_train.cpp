@@ -18,15 +18,15 @@
 #include "runtime/system_info.h"   // keep_freed_memory_for_reuse, mpi_yield_when_idle, ...
 #include "runtime/watchdog.h"      // set_collective_timeout
 #include "train/comm_setup.h"      // gradient_bucket_mb, row_sync_choice, allreduce_probe_for
-#include "train/config.h"          // TrainConfig, config_parse, config_finalize, config_to_ini
 #include "train/gradient_sync.h"   // GradientSynchronizer, broadcast_module_state
 #include "train/optimizer.h"       // VqaOptimizer
-#include "train/run.h"             // run_training
-#include "train/run_log.h"         // RunLog
 #include "train/setup.h"           // start-up steps: setup_*, open_loader, resume_if_asked, ...
 #include "train/step_timer.h"      // StepTimer
 #include "train/timeline.h"        // Timeline
+#include "train/train_config.h"    // TrainConfig, config_parse, config_finalize, config_to_ini
+#include "train/train_log.h"       // RunLog
 #include "train/trainer.h"         // TrainingParts
+#include "train/training_loop.h"   // run_training
 
 using namespace vqa;
 

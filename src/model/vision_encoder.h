@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/config.h"  // ModelConfig
-#include "model/layers.h"  // PreNormBlock
+#include "model/layers.h"        // PreNormBlock
+#include "model/model_config.h"  // ModelConfig
 
 namespace vqa::model {
 

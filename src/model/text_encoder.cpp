@@ -1,4 +1,4 @@
-#include "model/text.h"
+#include "model/text_encoder.h"
 
 namespace vqa::model {
 

@@ -1,6 +1,6 @@
-// Text handling for the prep tool: the question tokenizer interface with the
-// word tokenizer (the RoBERTa one is in roberta_tokenizer.h) and the answer
-// normalisation of the VQA evaluation.
+// The question tokenizer interface of the prep tool and the word tokenizer
+// of the classic medical VQA baselines (the RoBERTa one is in
+// roberta_tokenizer.h).
 #pragma once
 
 #include <cstdint>
@@ -41,7 +41,7 @@ class WordTokenizer : public Tokenizer {
   static std::vector<std::string> split_words(const std::string& text);
 
   std::string kind() const override { return "word"; }
-  // ids 0, 1, 2 are <pad>, <unk>, <cls> (data/format.h); no end token.
+  // ids 0, 1, 2 are <pad>, <unk>, <cls> (data/dataset_format.h); no end token.
   const std::vector<std::string>& vocabulary() const override { return vocabulary_; }
   data::SpecialTokenIds special_tokens() const override { return {}; }
   std::vector<int32_t> encode(const std::string& text, int64_t max_length) const override;
@@ -50,25 +50,5 @@ class WordTokenizer : public Tokenizer {
   std::vector<std::string> vocabulary_;
   std::vector<std::pair<std::string, int32_t>> sorted_ids_;  // for lookup by word
 };
-
-// The VQA evaluation's answer normalisation: lower case, punctuation
-// removed (kept inside numbers such as 1,000 or 2.5), number words to
-// digits, articles dropped, whitespace collapsed. "The X-ray." -> "x ray".
-std::string answer_normalize(const std::string& answer);
-
-// M3AE's answer normalisation, which builds its label sets (normalize_word
-// of its preprocessing's glossary, on the lower-cased answer): each of
-// ; / [ ] " { } ( ) = + \ _ - > < @ ` , ? ! is deleted where the answer has
-// it next to a space (or has a digit, comma, digit anywhere) and becomes a
-// space elsewhere; then the first 32 periods not followed by a digit go (M3AE
-// passes re.UNICODE where re.sub takes its count); number words become
-// digits, articles go, contractions get their apostrophe ("dont" ->
-// "don't"), the words are joined with one space and commas removed.
-// "mr - flair" -> "mr flair", "x-ray" -> "x ray", "i.v. contrast" -> "iv
-// contrast". Case and digits are ASCII's (M3AE's Python is Unicode's).
-std::string answer_normalize_m3ae(const std::string& answer);
-
-// Trimmed, with inner runs of whitespace collapsed to one space.
-std::string text_collapse_whitespace(const std::string& text);
 
 }  // namespace vqa::prep

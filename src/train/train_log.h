@@ -12,7 +12,7 @@
 #include <fstream>
 #include <string>
 
-#include "train/run_state.h"  // EpochStats, EvalStats
+#include "train/train_state.h"  // EpochStats, EvalStats
 
 namespace vqa::train {
 

@@ -1,4 +1,4 @@
-#include "train/run_log.h"
+#include "train/train_log.h"
 
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>

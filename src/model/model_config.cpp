@@ -1,4 +1,4 @@
-#include "model/config.h"
+#include "model/model_config.h"
 
 #include <sstream>
 #include <stdexcept>

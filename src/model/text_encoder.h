@@ -8,15 +8,15 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/config.h"  // ModelConfig
-#include "model/layers.h"  // PostNormLayer
+#include "model/layers.h"        // PostNormLayer
+#include "model/model_config.h"  // ModelConfig
 
 namespace vqa::model {
 
 class TextEncoderImpl : public torch::nn::Module {
  public:
   // Sizes, dropout, the LayerNorm epsilon, the position rule and the token
-  // type from the config (config.h).
+  // type from the config (model_config.h).
   explicit TextEncoderImpl(const ModelConfig& config);
 
   // token_ids: int64 [B, L] with L <= max_text_length and every id < vocab_size;
