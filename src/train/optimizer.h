@@ -36,6 +36,7 @@
 
 #include "model/m3ae.h"            // M3AE, model_parameter_groups
 #include "runtime/communicator.h"  // Communicator
+#include "train/adamw_update.h"    // adamw_update_fused, AdamWCoefficients
 #include "train/shard_layout.h"    // ShardBucket
 #include "train/train_config.h"    // OptimizerRecipe
 
@@ -136,21 +137,5 @@ class VqaOptimizer {
 // Linear warm-up over `warmup` steps from 0, then linear decay to 0 at
 // `total` (the schedule of M3AE and of transformers' get_linear_schedule_with_warmup).
 double linear_schedule_factor(int64_t step, int64_t warmup, int64_t total);
-
-// One AdamW step over n float32 values, in one pass:
-//   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;
-//   u = step_size m / (sqrt(v) / sqrt_bias_correction2 + eps)
-//   LibTorch's formula:      p = p decay - u
-//   transformers' formula:   p = (p - u) decay       (decay_after_step)
-// with decay = 1 - lr weight_decay; LibTorch: step_size = lr /
-// bias_correction1; transformers: sqrt_bias_correction2 = 1 and step_size =
-// lr sqrt(bias_correction2) / bias_correction1.
-// Splits the range over LibTorch's intra-op threads.
-struct AdamWCoefficients {
-  float decay, beta1, beta2, step_size, sqrt_bias_correction2, eps;
-  bool decay_after_step = false;
-};
-void adamw_update_fused(float* parameter, const float* gradient, float* exp_avg, float* exp_avg_sq,
-                        int64_t n, const AdamWCoefficients& c);
 
 }  // namespace vqa::train
