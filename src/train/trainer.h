@@ -1,7 +1,9 @@
 // One epoch of data-parallel training, as free functions over the parts
 // main() builds: each optimiser step (train_step) runs its micro-steps'
 // forward and backward while the gradient buckets are averaged, then the
-// non-finite check, clipping and the optimiser.
+// non-finite check, clipping and the optimiser. The step is in
+// train_step.cpp, the epoch in trainer.cpp, the gradients' checks between
+// backward and the optimiser in gradient_checks.cpp.
 #pragma once
 
 #include <torch/torch.h>
@@ -49,6 +51,13 @@ int64_t optimizer_steps_per_epoch(const data::ShardedLoader& loader, const Train
 
 // Exit status when a non-finite loss or gradient stops the job (--nonfinite stop).
 constexpr int kExitNonFinite = 3;
+
+// Under this loss scale a non-finite gradient is not taken for an fp16
+// overflow: the --nonfinite policy applies.
+constexpr double kMinLossScale = 1.0;
+
+// A loss scale as the log writes it (%.6g).
+std::string format_loss_scale(double scale);
 
 // The name of the first parameter whose gradient (or value, with
 // check_values) holds a NaN or an infinity, or "" when all are finite.
