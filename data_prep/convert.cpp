@@ -337,6 +337,10 @@ void convert_run(const ConvertOptions& options) {
   header.special_tokens = tokenizer->special_tokens();
   header.tokenizer_sha256 = tokenizer->source_sha256();
   header.created_by = options.created_by;
+  header.answer_normalization = options.answer_normalization;
+  header.answer_label_set = !options.include_test_answers ? "train"
+                            : splits.val.records.empty()  ? "train+test"
+                                                          : "train+val+test";
   header.answer_labels = options.include_test_answers
                              ? records_build_labels({&train, &splits.val.records, &test})
                              : records_build_labels({&train});

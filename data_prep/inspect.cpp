@@ -110,6 +110,15 @@ std::vector<std::string> list_splits(const std::string& path, std::string& creat
   return splits;
 }
 
+// "normalisation m3ae, from train+test", or what the file does not record.
+std::string answer_provenance(const data::DatasetInfo& info) {
+  const std::string normalization = info.answer_normalization.empty()
+                                        ? "answer normalisation not recorded"
+                                        : "normalisation " + info.answer_normalization;
+  return normalization +
+         (info.answer_label_set.empty() ? "" : ", label set from " + info.answer_label_set);
+}
+
 std::string decode_tokens(const std::vector<int32_t>& ids,
                           const std::vector<std::string>& vocabulary) {
   std::string text;
@@ -141,9 +150,10 @@ void inspect_run(const std::string& path, int64_t records) {
                     info.image_mean[0], info.image_mean[1], info.image_mean[2], info.image_std[0],
                     info.image_std[1], info.image_std[2], info.image_normalization.c_str());
       }
-      std::printf("answers: %ld labels; tokenizer: %s, %ld entries; max question length %ld\n",
-                  static_cast<long>(info.num_answers), info.tokenizer.c_str(),
-                  static_cast<long>(info.vocab_size), static_cast<long>(info.max_question_length));
+      std::printf("answers: %ld labels (%s); tokenizer: %s, %ld entries; max question length %ld\n",
+                  static_cast<long>(info.num_answers), answer_provenance(info).c_str(),
+                  info.tokenizer.c_str(), static_cast<long>(info.vocab_size),
+                  static_cast<long>(info.max_question_length));
       const data::SpecialTokenIds& special = info.special_tokens;
       std::printf("special tokens: pad %ld, cls %ld, eos %ld, unk %ld%s%s\n",
                   static_cast<long>(special.pad), static_cast<long>(special.cls),

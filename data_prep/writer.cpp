@@ -276,6 +276,14 @@ void DatasetWriter::commit(const FileHeader& header) {
   data::hdf5_write_string_attribute(root, data::kAttrImageNormalization, header.image_normalization,
                                     path);
   data::hdf5_write_string_attribute(root, data::kAttrCreatedBy, header.created_by, path);
+  if (!header.answer_normalization.empty()) {
+    data::hdf5_write_string_attribute(root, data::kAttrAnswerNormalization,
+                                      header.answer_normalization, path);
+  }
+  if (!header.answer_label_set.empty()) {
+    data::hdf5_write_string_attribute(root, data::kAttrAnswerLabelSet, header.answer_label_set,
+                                      path);
+  }
   write_strings(root, data::kAnswerVocabulary, header.answer_labels, path);
   write_strings(root, data::kTokenVocabulary, header.token_vocabulary, path);
   write_strings(root, data::kQuestionTypeVocabulary, header.question_types, path);

@@ -24,6 +24,8 @@ struct FileHeader {
   data::SpecialTokenIds special_tokens;       // the word tokenizer's by default
   std::string tokenizer_sha256;               // roberta: "<vocab.json sha256> <merges.txt sha256>"
   std::string created_by;                     // the command line that wrote the file
+  std::string answer_normalization;           // "vqa" or "m3ae"; "" (not written): synthetic
+  std::string answer_label_set;               // "train", "train+test", "train+val+test"; "" too
   std::vector<std::string> answer_labels;     // label id -> answer
   std::vector<std::string> token_vocabulary;  // token id -> token
   std::vector<std::string> question_types;    // question type code -> name

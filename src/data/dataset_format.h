@@ -39,6 +39,11 @@ constexpr const char* kAttrEosTokenId = "eos_token_id";  // int64: last real tok
 constexpr const char* kAttrUnkTokenId = "unk_token_id";  // int64: out-of-vocabulary token
 constexpr const char* kAttrTokenizerSha256 = "tokenizer_sha256";        // string, see FORMAT.md
 constexpr const char* kAttrImageNormalization = "image_normalization";  // kNormalization*
+// Optional, any version: how the answers became labels. A reader that does
+// not know them reads the file as before, so they need no version; a file
+// without them (older than these names) reads as "" (not recorded).
+constexpr const char* kAttrAnswerNormalization = "answer_normalization";  // "vqa" | "m3ae"
+constexpr const char* kAttrAnswerLabelSet = "answer_label_set";  // "train" | "train+test" ...
 
 constexpr const char* kTokenizerWord = "word";
 constexpr const char* kTokenizerRoberta = "roberta";

@@ -76,6 +76,15 @@ void DatasetReader::validate_header() {
   mark(std::string("attribute '") + kAttrTokenizer + "'");
   info_.tokenizer = hdf5_read_string_attribute(root, kAttrTokenizer, path_);
   validate_version2_header();
+  // Optional: files written before these attributes read as "" (not recorded).
+  for (auto [name, value] : {std::pair{kAttrCreatedBy, &info_.created_by},
+                             std::pair{kAttrAnswerNormalization, &info_.answer_normalization},
+                             std::pair{kAttrAnswerLabelSet, &info_.answer_label_set}}) {
+    mark(std::string("attribute '") + name + "'");
+    const htri_t exists = H5Aexists(root, name);
+    if (exists < 0) fail(std::string("attribute '") + name + "'", "cannot be read");
+    if (exists > 0) *value = hdf5_read_string_attribute(root, name, path_);
+  }
 
   std::vector<int64_t> shape;
   Hdf5Id answers = open_checked(kAnswerVocabulary, {"string"}, {info_.num_answers}, &shape);

@@ -51,6 +51,10 @@ struct DatasetInfo {
   std::vector<double> image_mean, image_std;  // per channel, pixel values in [0, 1]
   std::string image_normalization;            // what mean/std are: "dataset", "clip" or "none"
   int64_t format_version = 0;                 // the file's
+  // How the answers became labels ("vqa" or "m3ae") and from which splits
+  // ("train", "train+test", "train+val+test"); "" when the file does not say.
+  std::string answer_normalization, answer_label_set;
+  std::string created_by;  // the vqa_prep command line that wrote the file
 };
 
 }  // namespace vqa::data
