@@ -24,7 +24,8 @@ declare -A floor=(
   [distributed.h]=3 [distributed.cpp]=3 [ring_allreduce.h]=3 [ring_allreduce.cpp]=3
   # 4: the communicator the training loop sees, and its backends
   [communicator.h]=4 [communicator_impl.h]=4 [communicator.cpp]=4
-  [mpi_communicator.cpp]=4 [nccl_communicator.cpp]=4
+  [mpi_communicator.h]=4 [mpi_communicator.cpp]=4 [mpi_allreduce_tuning.cpp]=4
+  [nccl_communicator.cpp]=4
 )
 
 failures=0 includes=0 files=0
