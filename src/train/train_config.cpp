@@ -202,19 +202,6 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
           "a non-finite loss or gradient: stop (end the job naming the step and the first bad "
           "parameter) | skip (drop that optimiser step, warn) | off (no check)",
           kNonFiniteNames)
-      .add("test-nan-step", &c.faults.nan_step,
-           "testing only: rank 1 (rank 0 when alone) gets a NaN loss at this optimiser step",
-           util::Range{-1, 1e12})
-      .add("test-slow-rank", &c.faults.slow_rank,
-           "testing only: this rank spends --test-slow-ms more per micro-step in forward",
-           util::Range{-1, 1e6})
-      .add("test-slow-ms", &c.faults.slow_ms, "testing only: see --test-slow-rank",
-           util::Range{0, 1e6})
-      .add("test-aten-fused-adamw", &c.faults.aten_fused_adamw,
-           "testing only: ATen's fused AdamW, the GPU path (a non-finite step skipped on the "
-           "device and read a step later), on the CPU too; LibTorch 2.4 or later")
-      .add("test-data-delay-ms", &c.faults.data_delay_ms,
-           "testing only: every rank waits this long more for each batch", util::Range{0, 1e6})
       .add("out", &c.out, "run directory: log, metrics, config, checkpoints")
       .add("resume", &c.resume,
            "'' (start fresh), 'auto' (latest checkpoint in --out if any) or a checkpoint file")
@@ -234,6 +221,21 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "after training (or --eval-only), write the model under M3AE's names and layouts to "
            "this .safetensors file (rank 0, atomically); data_prep/m3ae_from_safetensors.py "
            "makes it a state_dict M3AE's M3AETransformerSS loads with strict=True")
+      // Last in --help, apart: options that only the tests use.
+      .group("Testing and fault injection (for the tests; not for normal runs)")
+      .add("test-nan-step", &c.faults.nan_step,
+           "testing only: rank 1 (rank 0 when alone) gets a NaN loss at this optimiser step",
+           util::Range{-1, 1e12})
+      .add("test-slow-rank", &c.faults.slow_rank,
+           "testing only: this rank spends --test-slow-ms more per micro-step in forward",
+           util::Range{-1, 1e6})
+      .add("test-slow-ms", &c.faults.slow_ms, "testing only: see --test-slow-rank",
+           util::Range{0, 1e6})
+      .add("test-aten-fused-adamw", &c.faults.aten_fused_adamw,
+           "testing only: ATen's fused AdamW, the GPU path (a non-finite step skipped on the "
+           "device and read a step later), on the CPU too; LibTorch 2.4 or later")
+      .add("test-data-delay-ms", &c.faults.data_delay_ms,
+           "testing only: every rank waits this long more for each batch", util::Range{0, 1e6})
       .config_file_option("config");
 }
 

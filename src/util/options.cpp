@@ -24,7 +24,7 @@ OptionTable& OptionTable::add_list(const char* name, std::vector<std::string>* f
                                    const char* help, bool required) {
   auto* semantic = po::value(field)->multitoken();
   if (required) semantic->required();
-  description_.add_options()(name, semantic, help);
+  current_group().add_options()(name, semantic, help);
   remember(name, [field] {
     std::string text;
     for (const auto& value : *field) text += (text.empty() ? "" : " ") + value;
@@ -40,7 +40,7 @@ OptionTable& OptionTable::add_choice(const char* name, std::string* field, const
   const std::string text = std::string(help) + " [" + listed + "]";
   auto* semantic = po::value(field)->default_value(*field, *field);
   if (implicit) semantic->implicit_value(implicit, implicit);
-  description_.add_options()(name, semantic, text.c_str());
+  current_group().add_options()(name, semantic, text.c_str());
   remember(name, [field] { return *field; });
   check(name, [field, choices, listed]() -> std::string {
     if (std::find(choices.begin(), choices.end(), *field) != choices.end()) return "";
@@ -70,6 +70,21 @@ OptionTable& OptionTable::not_saved(const char* name) {
   return *this;
 }
 
+OptionTable& OptionTable::group(const std::string& caption) {
+  groups_.push_back(std::make_unique<po::options_description>(caption));
+  return *this;
+}
+
+po::options_description& OptionTable::current_group() {
+  return groups_.empty() ? description_ : *groups_.back();
+}
+
+po::options_description OptionTable::all_options() const {
+  po::options_description all(description_);
+  for (const auto& group : groups_) all.add(*group);
+  return all;
+}
+
 void OptionTable::remember(const char* name, std::function<std::string()> printer) {
   std::string long_name(name);
   long_name = long_name.substr(0, long_name.find(','));
@@ -82,12 +97,13 @@ bool OptionTable::parse(const std::vector<std::string>& arguments) {
     if (argument == "--help" || argument == "-h") return false;
   }
   po::variables_map values;
+  const po::options_description options = all_options();  // the parsers keep a pointer to it
   try {
     po::command_line_parser parser(arguments);
     // No abbreviations: Boost would take a typo such as --epoch for --epochs
     // and run with it; an option must be spelt out.
     parser.style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing);
-    parser.options(description_);
+    parser.options(options);
     if (has_positional_) parser.positional(positional_);
     po::store(parser.run(), values);
     if (!config_option_.empty() && values.count(config_option_)) {
@@ -95,7 +111,7 @@ bool OptionTable::parse(const std::vector<std::string>& arguments) {
       if (!path.empty()) {
         std::ifstream file(path);
         if (!file) throw OptionError("--" + config_option_ + ": cannot open '" + path + "'");
-        po::store(po::parse_config_file(file, description_), values);
+        po::store(po::parse_config_file(file, options), values);
       }
     }
     po::notify(values);
@@ -115,7 +131,7 @@ bool OptionTable::parse(int argc, char** argv) {
 
 void OptionTable::print_help(std::FILE* out, const std::string& usage) const {
   std::ostringstream text;
-  text << description_;
+  text << all_options();
   std::fprintf(out, "%s\n%s", usage.c_str(), text.str().c_str());
   std::fflush(out);
 }

@@ -61,7 +61,7 @@ class OptionTable {
     auto* semantic =
         boost::program_options::value(field)->default_value(*field, option_text(*field));
     if constexpr (std::is_same_v<T, bool>) semantic->implicit_value(true, "true");
-    description_.add_options()(name, semantic, help);
+    current_group().add_options()(name, semantic, help);
     remember(name, [field] { return option_text(*field); });
     return *this;
   }
@@ -71,7 +71,7 @@ class OptionTable {
     const std::string text = std::string(help) + " [" + range.describe() + "]";
     auto* semantic =
         boost::program_options::value(field)->default_value(*field, option_text(*field));
-    description_.add_options()(name, semantic, text.c_str());
+    current_group().add_options()(name, semantic, text.c_str());
     remember(name, [field] { return option_text(*field); });
     check(name, [field, range]() -> std::string {
       const auto value = static_cast<double>(*field);
@@ -111,7 +111,7 @@ class OptionTable {
   // An option that must be given.
   template <typename T>
   OptionTable& add_required(const char* name, T* field, const char* help) {
-    description_.add_options()(name, boost::program_options::value(field)->required(), help);
+    current_group().add_options()(name, boost::program_options::value(field)->required(), help);
     remember(name, [field] { return option_text(*field); });
     return *this;
   }
@@ -126,6 +126,10 @@ class OptionTable {
   OptionTable& config_file_option(const char* name);
   // Leaves option `name` out of values() (e.g. the config file's own name).
   OptionTable& not_saved(const char* name);
+  // The options declared after this call are listed in --help apart, under
+  // `caption`, after all the others (the test-only options, say); parsing,
+  // the INI file and values() take them as any other.
+  OptionTable& group(const std::string& caption);
 
   // Parses and fills the fields. Returns false, filling nothing, when --help
   // or -h is among the arguments (print_help then). Throws OptionError, also
@@ -142,8 +146,14 @@ class OptionTable {
   // After parsing: `problem` returns "" when option `name`'s value is fine,
   // else what is wrong with it.
   void check(const char* name, std::function<std::string()> problem);
+  // Where add() and its kin put an option: the last group(), else the table's own.
+  boost::program_options::options_description& current_group();
+  // The table's own options with every group after them: what parse() reads
+  // and print_help() lists.
+  boost::program_options::options_description all_options() const;
 
   boost::program_options::options_description description_;
+  std::vector<std::unique_ptr<boost::program_options::options_description>> groups_;
   boost::program_options::positional_options_description positional_;
   bool has_positional_ = false;
   std::string config_option_;

@@ -11,7 +11,8 @@
 // numeric option of vqa_train at a negative value, NaN, a huge value and
 // zero where zero is not allowed, every mode at an unknown word, every path
 // option at a place that cannot be written; and rows for vqa_prep,
-// vqa_loader_bench, vqa_allreduce_bench and vqa_project.
+// vqa_loader_bench, vqa_allreduce_bench and vqa_project. Beside it, a check
+// that vqa_train --help keeps the test-only options apart from the user's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -289,6 +290,29 @@ TEST(BadOptions, EveryWrongValueEndsEveryRankWithExit2AndOneLineNamingIt) {
   for (const auto& entry : fs::directory_iterator(directory())) {
     EXPECT_NE(entry.path().filename().string().rfind("core", 0), 0u) << entry.path();
   }
+}
+
+// vqa_train --help lists the test-only options (help "testing only: ...")
+// apart, under their own heading after every other option, and nothing else
+// there: a user reading the option table does not meet them among theirs.
+TEST(Help, TestOnlyOptionsComeLastUnderTheirOwnHeading) {
+  const auto help = run_process(std::string(VQA_TRAIN) + " --help", 60);
+  ASSERT_EQ(help.exit_code, 0) << help.output;
+  const size_t heading = help.output.find("Testing and fault injection");
+  ASSERT_NE(heading, std::string::npos) << help.output;
+  const std::string users = help.output.substr(0, heading);
+  const std::string tests = help.output.substr(heading);
+  EXPECT_FALSE(contains(users, "testing only")) << "a test-only option among the user's:\n"
+                                                << users;
+  size_t options = 0, test_only = 0;
+  for (size_t at = tests.find("\n  --"); at != std::string::npos; at = tests.find("\n  --", at + 1))
+    ++options;
+  for (size_t at = tests.find("testing only"); at != std::string::npos;
+       at = tests.find("testing only", at + 1))
+    ++test_only;
+  EXPECT_GT(options, 0u) << tests;
+  EXPECT_EQ(options, test_only) << "an option that is not test-only in the testing group:\n"
+                                << tests;
 }
 
 }  // namespace
