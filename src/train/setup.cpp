@@ -201,6 +201,7 @@ model::ModelConfig setup_model_config(const TrainConfig& config, const data::Dat
   } catch (const std::exception& e) {
     runtime::fatal_user_error(std::string("--preset: ") + e.what());
   }
+  require_dataset_fits_recipe(config, dataset, model.image_size);
   auto override_if_set = [](int64_t value, int64_t& field) {
     if (value > 0) field = value;
   };

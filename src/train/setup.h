@@ -63,6 +63,19 @@ void require_same_setting_on_all_ranks(const std::string& what, const std::strin
 // described as missing. Collective; main thread; call before the loaders.
 void require_same_files_on_all_ranks(const std::vector<std::string>& paths);
 
+// The recipe against the dataset, before anything is built: --init-from
+// FILE.safetensors whose word embedding has RoBERTa-base's 50265 rows is
+// M3AE's pretrained model, which reads RoBERTa's tokens, CLIP-normalised
+// pixels of the preset's image size and at most its text positions less
+// two tokens; any other M3AE-shaped file needs the dataset's vocabulary
+// size. A dataset that does not fit ends the job (rank 0 says it, every
+// rank exits) naming the file, what the recipe needs, what the file has
+// and the `vqa_prep convert` options that make a fitting file (the file's
+// own command line with those changed, when it records one).
+// `preset_image_size`: the preset's, before the dataset's replaces it.
+void require_dataset_fits_recipe(const TrainConfig& config, const data::DatasetInfo& dataset,
+                                 int64_t preset_image_size);
+
 // The preset, with the job's size flags and the dataset's vocabulary, answer
 // count, image size or feature shape filled in.
 model::ModelConfig setup_model_config(const TrainConfig& config, const data::DatasetInfo& dataset);

@@ -1,10 +1,16 @@
 // Start-up steps of vqa_train for the data: the files alike on every rank,
-// the loaders, the epoch's step count (declared in setup.h).
+// the recipe against the dataset, the loaders, the epoch's step count
+// (declared in setup.h).
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include "data/dataset_format.h"  // kTokenizerRoberta, kNormalizationClip
+#include "model/safetensors.h"    // SafetensorsFile
 
 #include "runtime/check.h"           // fatal_user_error
 #include "runtime/rank_agreement.h"  // require_same_on_all_ranks
@@ -48,7 +54,114 @@ std::string file_identity(const std::string& path) {
          " of its first and last 64 KiB";
 }
 
+// RoBERTa-base's vocabulary, and the two rows of its position table before
+// the first position (RoBERTa counts positions from pad + 1).
+constexpr int64_t kRobertaVocabularySize = 50265;
+constexpr int64_t kRobertaPositionOffset = 2;
+constexpr const char* kM3aeWordEmbedding = "language_encoder.embeddings.word_embeddings.weight";
+constexpr const char* kM3aePositionEmbedding =
+    "language_encoder.embeddings.position_embeddings.weight";
+
+// What the file records about how it was made, in the words of the message.
+std::string dataset_description(const data::DatasetInfo& dataset) {
+  std::string text = "the " + dataset.tokenizer + " tokenizer (" +
+                     std::to_string(dataset.vocab_size) + " tokens), " +
+                     std::to_string(dataset.max_question_length) + " tokens per question, ";
+  if (dataset.has_features) return text + "pre-extracted features instead of pixels";
+  return text + dataset.image_normalization + " image normalisation, " +
+         std::to_string(dataset.image_size) + " px images";
+}
+
+// `vqa_prep convert` as the file records it (created_by), with the options
+// in `replaced` (and their values) left out and `needed` added; without a
+// recorded convert command, "vqa_prep convert <your inputs> -o FILE" and `needed`.
+std::string convert_command(const data::DatasetInfo& dataset, const std::set<std::string>& replaced,
+                            const std::string& needed) {
+  const std::string prefix = "vqa_prep convert ";
+  if (dataset.created_by.compare(0, prefix.size(), prefix) != 0) {
+    return prefix + "<your inputs> -o " + dataset.path + " " + needed;
+  }
+  static const std::set<std::string> kFlags = {"--features-float16", "--include-test-answers",
+                                               "--strict", "--keep-source-images"};
+  std::istringstream words(dataset.created_by.substr(prefix.size()));
+  std::string command = prefix, word;
+  while (words >> word) {
+    const std::string name = word.substr(0, word.find('='));
+    if (replaced.count(name) == 0) {
+      command += word + " ";
+    } else if (word.find('=') == std::string::npos && kFlags.count(name) == 0) {
+      words >> word;  // its value
+    }
+  }
+  return command + needed;
+}
+
 }  // namespace
+
+void require_dataset_fits_recipe(const TrainConfig& config, const data::DatasetInfo& dataset,
+                                 int64_t preset_image_size) {
+  const std::string& path = config.init_from;
+  const std::string suffix = ".safetensors";
+  if (path.size() <= suffix.size() ||
+      path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return;
+  }
+  int64_t vocabulary_rows = -1, position_rows = -1;
+  try {
+    const model::SafetensorsFile file(path);
+    if (!file.contains(kM3aeWordEmbedding)) return;  // init_model_if_asked names what is missing
+    vocabulary_rows = file.entry(kM3aeWordEmbedding).shape.at(0);
+    if (file.contains(kM3aePositionEmbedding))
+      position_rows = file.entry(kM3aePositionEmbedding).shape.at(0);
+  } catch (const std::exception&) {
+    return;  // an unreadable file: init_model_if_asked says why
+  }
+  const bool m3ae = vocabulary_rows == kRobertaVocabularySize;
+  std::vector<std::string> needs;
+  std::set<std::string> replaced;
+  std::string options;
+  bool fits = true;
+  if (m3ae) {
+    const int64_t max_length = position_rows > kRobertaPositionOffset
+                                   ? position_rows - kRobertaPositionOffset
+                                   : dataset.max_question_length;
+    fits = dataset.tokenizer == data::kTokenizerRoberta && dataset.vocab_size == vocabulary_rows &&
+           !dataset.has_features && dataset.image_normalization == data::kNormalizationClip &&
+           dataset.image_size == preset_image_size && dataset.max_question_length <= max_length;
+    needs = {"RoBERTa's tokens (" + std::to_string(vocabulary_rows) + ")",
+             "at most " + std::to_string(max_length) + " tokens per question",
+             "CLIP's image normalisation",
+             std::to_string(preset_image_size) + " px images (--preset " + config.preset + ")"};
+    replaced = {"--tokenizer",        "--vocab-json",    "--merges-txt",       "--normalize",
+                "--image-size",       "--features",      "--features-dataset", "--features-index",
+                "--features-float16", "--min-word-count"};
+    options =
+        "--tokenizer roberta --vocab-json models/roberta-base/vocab.json --merges-txt "
+        "models/roberta-base/merges.txt --normalize clip --image-size " +
+        std::to_string(preset_image_size);
+    if (dataset.max_question_length > max_length) {
+      replaced.insert("--max-len");
+      options += " --max-len " + std::to_string(std::min<int64_t>(32, max_length));
+    }
+  } else {
+    fits = dataset.vocab_size == vocabulary_rows;
+    needs = {"a vocabulary of " + std::to_string(vocabulary_rows) +
+             " tokens (the rows of its word embedding)"};
+    options = "with the tokenizer the checkpoint was trained with";
+  }
+  if (fits) return;
+  std::string need_text;
+  for (size_t i = 0; i < needs.size(); ++i)
+    need_text += (i == 0 ? "" : i + 1 == needs.size() ? " and " : ", ") + needs[i];
+  runtime::fatal_user_error_from_rank0(
+      dataset.path + " does not fit the recipe: --init-from " + path +
+      (m3ae ? " is M3AE (RoBERTa-base's vocabulary), which needs a dataset with "
+            : " needs a dataset with ") +
+      need_text + "; " + dataset.path + " has " + dataset_description(dataset) +
+      ". Make a fitting file with: " +
+      (m3ae ? convert_command(dataset, replaced, options)
+            : "vqa_prep convert <your inputs> " + options));
+}
 
 void require_same_setting_on_all_ranks(const std::string& what, const std::string& text) {
   runtime::require_same_on_all_ranks(
