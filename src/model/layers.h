@@ -21,6 +21,8 @@ torch::Tensor attention_key_bias(const torch::Tensor& attention_mask, torch::Sca
 // Multi-head scaled dot-product attention of `queries` over `keys_values`.
 // The key projection has no bias: softmax is invariant to a per-query
 // constant, so a key bias always receives an exactly zero gradient.
+// Parameters: in_weight [3 hidden, hidden] (q, k, v rows), query_bias and
+// value_bias [hidden], output.weight and output.bias.
 class MultiHeadAttentionImpl : public torch::nn::Module {
  public:
   MultiHeadAttentionImpl(int64_t hidden, int64_t heads, double dropout);
@@ -37,19 +39,27 @@ class MultiHeadAttentionImpl : public torch::nn::Module {
   static bool fused_attention_available();
   void set_fused_attention(bool fused);
 
-  // One GEMM for the q, k and v projections (k and v in cross-attention)
-  // over the three weights concatenated per call. The same function (a test
-  // checks 1e-5), the same parameters and names. --packed-attention auto
-  // packs on GPUs only: on the CPU (OpenBLAS, one thread) it measured no
-  // faster than three GEMMs (docs/design.md).
+  // Packed: one GEMM for q, k and v (self-attention), or one
+  // for k and v (cross-attention). Separate: three GEMMs over views of the
+  // same weight, arithmetic for arithmetic what separate Linear layers did.
+  // Same parameters either way. --packed-attention auto packs on GPUs only:
+  // on the CPU (OpenBLAS, one thread) it measured no faster (docs/design.md).
   void set_packed_projections(bool packed);
 
  private:
   int64_t heads_;
   bool fused_ = fused_attention_available();
   bool packed_ = false;
-  torch::nn::Linear query_, key_, value_, output_;
+  // The q, k and v weights as rows [0, h), [h, 2h), [2h, 3h) of one
+  // parameter (nn.MultiheadAttention's in_proj_weight layout), so that no
+  // call concatenates them. Biases for q and v only (see above on the key).
+  torch::Tensor in_weight_, query_bias_, value_bias_;
+  torch::Tensor key_bias_zeros_;  // the key's place in a packed bias; not a parameter
+  torch::nn::Linear output_{nullptr};
   torch::nn::Dropout attention_dropout_;
+
+  // [query_bias; 0; value_bias], or [0; value_bias] without the query.
+  torch::Tensor packed_bias(bool with_query);
 };
 TORCH_MODULE(MultiHeadAttention);
 

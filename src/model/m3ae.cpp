@@ -1,5 +1,8 @@
 #include "model/m3ae.h"
 
+#include <ATen/autocast_mode.h>
+#include <torch/version.h>
+
 #include <stdexcept>
 #include <unordered_set>
 
@@ -8,6 +11,13 @@
 namespace vqa::model {
 
 namespace {
+
+// "bias", or a module's own named bias ("query_bias" of an attention).
+bool is_bias(const std::string& name) {
+  const std::string suffix = "bias";
+  return name.size() >= suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
 
 // BERT's rule: LayerNorm weight 1 and bias 0, every other bias 0, everything
 // else (Linear, Embedding and Conv2d weights, class tokens, position tables)
@@ -20,7 +30,7 @@ void initialize_parameters(torch::nn::Module& model) {
   model.apply(torch::nn::Module::ModuleApplyFunction([](torch::nn::Module& module) {
     const bool is_layer_norm = module.as<torch::nn::LayerNorm>() != nullptr;
     for (auto& parameter : module.named_parameters(/*recurse=*/false)) {
-      if (parameter.key() == "bias") {
+      if (is_bias(parameter.key())) {
         parameter.value().zero_();
       } else if (is_layer_norm) {
         parameter.value().fill_(1.0);
@@ -29,6 +39,25 @@ void initialize_parameters(torch::nn::Module& model) {
       }
     }
   }));
+}
+
+// The dtype the attention scores are computed in: autocast's for the
+// inputs' device when it is on there, else the inputs' own (a model converted
+// to half keeps its scores in half).
+torch::ScalarType compute_dtype(const torch::Tensor& inputs) {
+  const bool cuda = inputs.is_cuda();
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  const c10::DeviceType type = cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  if ((cuda || inputs.is_cpu()) && at::autocast::is_autocast_enabled(type)) {
+    return at::autocast::get_autocast_dtype(type);
+  }
+#else
+  if (cuda && at::autocast::is_enabled()) return at::autocast::get_autocast_gpu_dtype();
+  if (inputs.is_cpu() && at::autocast::is_cpu_enabled()) {
+    return at::autocast::get_autocast_cpu_dtype();
+  }
+#endif
+  return inputs.scalar_type();
 }
 
 ParameterGroup group_of_child(const std::string& child) {
@@ -67,7 +96,8 @@ M3AEImpl::M3AEImpl(const ModelConfig& config)
 }
 
 torch::Tensor M3AEImpl::forward(const torch::Tensor& images, const torch::Tensor& token_ids,
-                                const torch::Tensor& attention_mask) {
+                                const torch::Tensor& attention_mask,
+                                std::optional<bool> text_padded) {
   TORCH_CHECK(token_ids.dim() == 2 && attention_mask.sizes() == token_ids.sizes(),
               "attention_mask ", attention_mask.sizes(), " must match token_ids ",
               token_ids.sizes());
@@ -75,9 +105,16 @@ torch::Tensor M3AEImpl::forward(const torch::Tensor& images, const torch::Tensor
               ", token_ids ", token_ids.sizes());
   const torch::Tensor image_tokens =
       config_.use_features ? feature_encoder_(images) : vision_transformer_(images);
-  // In the inputs' floating type, so that a model converted to half keeps
-  // its attention scores in half.
-  const torch::Tensor text_key_bias = attention_key_bias(attention_mask, images.scalar_type());
+  // A mask on the host is read here at no cost; one on a device is not (that
+  // would wait for the device), so there the caller says, or a bias is built.
+  if (!text_padded && attention_mask.is_cpu()) {
+    text_padded = attention_mask.eq(0).any().item<bool>();
+  }
+  // Built once for the step's 2 x fusion + text layers masked attentions,
+  // in the dtype they compute in; none at all when nothing is padded.
+  const torch::Tensor text_key_bias =
+      text_padded.value_or(true) ? attention_key_bias(attention_mask, compute_dtype(images))
+                                 : torch::Tensor();
   const torch::Tensor text_tokens = text_(token_ids, attention_mask, text_key_bias);
   const auto [fused_text, fused_image] = fusion_(text_tokens, text_key_bias, image_tokens);
   return head_(fused_text, fused_image);
@@ -96,7 +133,7 @@ std::vector<NamedParameter> model_parameter_groups(M3AE& model) {
   model->apply(torch::nn::Module::ModuleApplyFunction([&](torch::nn::Module& module) {
     const bool is_layer_norm = module.as<torch::nn::LayerNorm>() != nullptr;
     for (const auto& parameter : module.named_parameters(/*recurse=*/false)) {
-      if (is_layer_norm || parameter.key() == "bias") {
+      if (is_layer_norm || is_bias(parameter.key())) {
         no_decay.insert(parameter.value().unsafeGetTensorImpl());
       }
     }

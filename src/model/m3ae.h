@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,10 +45,15 @@ class M3AEImpl : public torch::nn::Module {
   // token_ids: int64 [B, L], L <= max_text_length, ids < vocab_size;
   // attention_mask: integer [B, L], 1 for a real token, 0 for padding; token 0
   //         (the classifier's text token) must be real.
+  // text_padded: whether any attention_mask entry is 0, when the caller knows
+  //         it from the host (false: no attention mask is built at all); left
+  //         out, it is read from a mask on the CPU and assumed true for one on
+  //         a device (reading it there would wait for the device).
   // Returns logits float [B, num_answers]. Token ids at padded positions do not
   // affect the logits.
   torch::Tensor forward(const torch::Tensor& images, const torch::Tensor& token_ids,
-                        const torch::Tensor& attention_mask);
+                        const torch::Tensor& attention_mask,
+                        std::optional<bool> text_padded = std::nullopt);
 
   const ModelConfig& config() const { return config_; }
 

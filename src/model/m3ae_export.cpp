@@ -37,7 +37,8 @@ std::map<std::string, torch::Tensor> m3ae_export_tensors(M3AE& model) {
   std::map<std::string, torch::Tensor> tensors;
   std::map<std::string, Packed> packed;
   for (const auto& [name, source] : sources) {
-    const torch::Tensor value = parameters[name].detach().to(torch::kCPU, torch::kFloat32);
+    torch::Tensor value = parameters[name].detach().to(torch::kCPU, torch::kFloat32);
+    if (source.into_begin >= 0) value = value.slice(0, source.into_begin, source.into_end);
     if (source.row_begin < 0) {
       tensors[source.name] = value.clone();
       continue;

@@ -4,7 +4,8 @@
 // with load_state_dict(strict=True) once data_prep/m3ae_from_safetensors.py
 // has added CLIP's unused text-tower tensors, whose sizes are CLIP's and
 // not the model's. The mapping is m3ae_parameter_sources'; besides it:
-//  - CLIP's q, k and v merged back into attn.in_proj_weight / in_proj_bias;
+//  - in_weight as CLIP's attn.in_proj_weight, or split into BERT's separate
+//    query, key and value weights; the q and v biases merged into in_proj_bias;
 //  - zeros for the key biases the model lacks (CLIP's middle third of
 //    in_proj_bias, BERT's attention.self.key.bias): softmax ignores them, so
 //    M3AE computes the same function;

@@ -36,6 +36,7 @@ constexpr Rename kTopLevel[] = {
 
 // Inside a layer: CLIP's residual block (the packed q/k/v are handled apart),
 // a RoBERTa layer, METER's BertCrossLayer.
+// The attention's parameters are renamed apart (attention_sources).
 constexpr Rename kClipBlock[] = {
     {"attention_norm.", "ln_1."},
     {"feed_forward_norm.", "ln_2."},
@@ -44,9 +45,6 @@ constexpr Rename kClipBlock[] = {
     {"feed_forward.down.", "mlp.c_proj."},
 };
 constexpr Rename kBertLayer[] = {
-    {"attention.query.", "attention.self.query."},
-    {"attention.key.", "attention.self.key."},
-    {"attention.value.", "attention.self.value."},
     {"attention.output.", "attention.output.dense."},
     {"attention_norm.", "attention.output.LayerNorm."},
     {"feed_forward.up.", "intermediate.dense."},
@@ -54,14 +52,8 @@ constexpr Rename kBertLayer[] = {
     {"feed_forward_norm.", "output.LayerNorm."},
 };
 constexpr Rename kCrossLayer[] = {
-    {"self_attention.query.", "attention.self.query."},
-    {"self_attention.key.", "attention.self.key."},
-    {"self_attention.value.", "attention.self.value."},
     {"self_attention.output.", "attention.output.dense."},
     {"self_attention_norm.", "attention.output.LayerNorm."},
-    {"cross_attention.query.", "crossattention.self.query."},
-    {"cross_attention.key.", "crossattention.self.key."},
-    {"cross_attention.value.", "crossattention.self.value."},
     {"cross_attention.output.", "crossattention.output.dense."},
     {"cross_attention_norm.", "crossattention.output.LayerNorm."},
     {"feed_forward.up.", "intermediate.dense."},
@@ -97,10 +89,18 @@ bool rename_prefix(const std::string& name, const Rename* renames, size_t count,
   return false;
 }
 
-// M3AE's source of our parameter `name`; `hidden` sizes CLIP's q/k/v split.
-M3aeSource source_of(const std::string& name, int64_t hidden) {
+// The q, k and v parameters of the attention module `attention` ("attention.",
+// "self_attention." or "cross_attention.") in BERT's layer at `prefix`.
+const std::pair<const char*, const char*> kBertAttentions[] = {
+    {"attention.", "attention.self."},
+    {"self_attention.", "attention.self."},
+    {"cross_attention.", "crossattention.self."},
+};
+
+// M3AE's sources of our parameter `name`; `hidden` sizes the q/k/v rows.
+std::vector<M3aeSource> sources_of(const std::string& name, int64_t hidden) {
   M3aeSource source;
-  if (rename_prefix(name, kTopLevel, std::size(kTopLevel), source.name)) return source;
+  if (rename_prefix(name, kTopLevel, std::size(kTopLevel), source.name)) return {source};
   for (const auto& rule : kLayers) {
     if (!starts_with(name, rule.from)) continue;
     const std::string rest = name.substr(std::string(rule.from).size());
@@ -108,22 +108,33 @@ M3aeSource source_of(const std::string& name, int64_t hidden) {
     const std::string index = rest.substr(0, dot), inner = rest.substr(dot + 1);
     const std::string prefix = rule.to + index + ".";
     if (rule.renames == kClipBlock) {
-      // nn.MultiheadAttention packs q, k and v as rows [0,h), [h,2h), [2h,3h).
-      static const std::pair<const char*, int> kPacked[] = {
-          {"attention.query.", 0}, {"attention.key.", 1}, {"attention.value.", 2}};
-      for (const auto& [part, slot] : kPacked) {
-        if (!starts_with(inner, part)) continue;
-        const std::string kind = inner.substr(std::string(part).size());  // weight | bias
-        source.name = prefix + "attn.in_proj_" + kind;
-        source.row_begin = slot * hidden;
-        source.row_end = (slot + 1) * hidden;
-        return source;
+      // nn.MultiheadAttention packs q, k and v as rows [0,h), [h,2h), [2h,3h),
+      // as in_weight does.
+      if (inner == "attention.in_weight") return {{prefix + "attn.in_proj_weight"}};
+      if (inner == "attention.query_bias") {
+        return {{prefix + "attn.in_proj_bias", 0, hidden}};
+      }
+      if (inner == "attention.value_bias") {
+        return {{prefix + "attn.in_proj_bias", 2 * hidden, 3 * hidden}};
+      }
+    } else {
+      for (const auto& [ours, theirs] : kBertAttentions) {
+        if (!starts_with(inner, ours)) continue;
+        const std::string part = inner.substr(std::string(ours).size());
+        const std::string from = prefix + theirs;
+        if (part == "in_weight") {
+          return {{from + "query.weight", -1, -1, 0, hidden},
+                  {from + "key.weight", -1, -1, hidden, 2 * hidden},
+                  {from + "value.weight", -1, -1, 2 * hidden, 3 * hidden}};
+        }
+        if (part == "query_bias") return {{from + "query.bias"}};
+        if (part == "value_bias") return {{from + "value.bias"}};
       }
     }
     std::string renamed;
     if (rename_prefix(inner, rule.renames, rule.count, renamed)) {
       source.name = prefix + renamed;
-      return source;
+      return {source};
     }
   }
   throw std::logic_error("m3ae_parameter_sources: no M3AE name for parameter '" + name + "'");
@@ -216,7 +227,9 @@ std::vector<std::pair<std::string, M3aeSource>> m3ae_parameter_sources(M3AE& mod
   }
   std::vector<std::pair<std::string, M3aeSource>> sources;
   for (const auto& item : model->named_parameters()) {
-    sources.emplace_back(item.key(), source_of(item.key(), model->config().hidden));
+    for (auto& source : sources_of(item.key(), model->config().hidden)) {
+      sources.emplace_back(item.key(), std::move(source));
+    }
   }
   return sources;
 }
@@ -265,8 +278,12 @@ ImportPlan plan_parameters(M3AE& model, const SafetensorsFile& file, bool load_h
                            M3aeImportSummary& summary) {
   const int64_t hidden = model->config().hidden;
   ImportPlan plan;
+  const auto parameters = model->named_parameters();
   for (const auto& [name, source] : m3ae_parameter_sources(model)) {
-    const torch::Tensor parameter = model->named_parameters()[name];
+    const torch::Tensor parameter =
+        source.into_begin >= 0
+            ? parameters[name].slice(/*dim=*/0, source.into_begin, source.into_end)
+            : parameters[name];
     if (starts_with(source.name, "vqa_head.") && !load_head) {
       summary.newly_initialized.push_back(name);
       continue;

@@ -22,13 +22,16 @@ namespace vqa::model {
 
 // Where one parameter of the model lives in an M3AE state_dict.
 struct M3aeSource {
-  std::string name;        // M3AE's tensor, e.g. "vision_encoder.visual.ln_pre.weight"
-  int64_t row_begin = -1;  // rows [row_begin, row_end) of its first dimension (a split
-  int64_t row_end = -1;    // of CLIP's in_proj_weight); -1: the whole tensor
+  std::string name;         // M3AE's tensor, e.g. "vision_encoder.visual.ln_pre.weight"
+  int64_t row_begin = -1;   // rows [row_begin, row_end) of its first dimension (a split
+  int64_t row_end = -1;     // of CLIP's in_proj_bias); -1: the whole tensor
+  int64_t into_begin = -1;  // the rows of our parameter it fills (BERT's separate q, k
+  int64_t into_end = -1;    // and v weights into one in_weight); -1: the whole parameter
 };
 
-// M3AE's source of every parameter of `model`, in named_parameters() order
-// (our name, its source). Throws std::invalid_argument for a model over
+// M3AE's sources of every parameter of `model`, in named_parameters() order
+// (our name, a source); a parameter filled from several tensors appears once
+// per tensor, in row order. Throws std::invalid_argument for a model over
 // pre-extracted features: M3AE's vision encoder reads pixels.
 std::vector<std::pair<std::string, M3aeSource>> m3ae_parameter_sources(M3AE& model);
 
@@ -39,7 +42,7 @@ struct M3aeImportError : std::runtime_error {
 };
 
 struct M3aeImportSummary {
-  int64_t loaded_tensors = 0;                  // model parameters filled from the file
+  int64_t loaded_tensors = 0;                  // file tensors (or CLIP's q, v bias rows) taken
   int64_t loaded_parameters = 0;               // their scalars
   std::vector<std::string> resized;            // "vision.position_embeddings: 325 -> 577 rows"
   std::map<std::string, int64_t> dropped;      // why (by prefix or rule) -> file tensors

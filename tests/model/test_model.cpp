@@ -429,7 +429,7 @@ TEST(ParameterGroups, BiasesAndLayerNormWeightsHaveNoWeightDecay) {
   ASSERT_FALSE(layer_norm_parameters.empty());
   int64_t decayed = 0;
   for (const auto& p : model_parameter_groups(model)) {
-    const bool is_bias = p.name.size() >= 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
+    const bool is_bias = p.name.size() >= 4 && p.name.compare(p.name.size() - 4, 4, "bias") == 0;
     const bool is_layer_norm = layer_norm_parameters.count(p.tensor.unsafeGetTensorImpl()) > 0;
     EXPECT_EQ(p.weight_decay, !(is_bias || is_layer_norm)) << p.name;
     decayed += p.weight_decay ? 1 : 0;
