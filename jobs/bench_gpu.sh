@@ -17,7 +17,11 @@
 #                             F.scaled_dot_product_attention, fused AdamW, no DDP
 #                             on one GPU, TF32 left at PyTorch's defaults
 #   pytorch-compile-MODE      the same under torch.compile(mode=MODE), per COMPILE_MODES
-# and prints one table (written to OUT_DIR/table.txt and table.csv).
+# and prints one table (written to OUT_DIR/table.txt and table.csv). The
+# rows run in the order of what the comparison needs most: vqa-hpc in the
+# first precision and PyTorch eager at each batch, then the graph rows, the
+# torch.compile modes, the crop rows, the other precisions; the table is
+# written again after every row, so a run cut short leaves what it measured.
 #
 #   jobs/bench_gpu.sh [BUILD_DIR] [extra vqa_train flags]
 #
@@ -77,6 +81,13 @@
 #   PEAK_TFLOPS=989       the GPU's dense bf16 peak (H100 / H200)
 #   RUN_TIMEOUT=600       seconds one run may take (0: no limit); a run past it
 #                         is ended and its row says so, and the others go on
+#   DEADLINE=             a time (seconds since 1970, `date +%s`) after which no
+#                         run starts, and which no run outlives: a run that
+#                         cannot start for it, or an estimate that says it
+#                         would not end before it, gets a row saying so
+#                         (the estimate: the same kind of run's time so far,
+#                         else ESTIMATE_VQA=30, ESTIMATE_EAGER=30,
+#                         ESTIMATE_COMPILE=120 seconds)
 #   DATA=                 a dataset made beforehand, for a build without vqa_prep
 #                         (the GPU check builds vqa_train alone), made with
 #                         vqa_prep synth -o FILE --image-size 384 --max-len 32
@@ -108,6 +119,7 @@ peak_tflops=${PEAK_TFLOPS:-989}
 run_timeout=${RUN_TIMEOUT:-600}
 out_dir=${OUT_DIR:-runs/bench_gpu}
 data=${DATA:-}
+deadline=${DEADLINE:-}
 
 die() {
   echo "bench_gpu.sh: $*" >&2
@@ -133,8 +145,26 @@ for m in "${compile_modes[@]}"; do
 done
 [[ $peak_tflops =~ ^[0-9]+([.][0-9]+)?$ ]] || die "PEAK_TFLOPS must be a number, got '$peak_tflops'"
 [[ $run_timeout =~ ^[0-9]+$ ]] || die "RUN_TIMEOUT must be a non-negative integer, got '$run_timeout'"
-limit=()
-((run_timeout > 0)) && limit=(timeout --kill-after=15 "$run_timeout")
+[[ -z $deadline || $deadline =~ ^[0-9]+$ ]] || die "DEADLINE must be seconds since 1970 (date +%s), got '$deadline'"
+declare -A estimate=([vqa]=${ESTIMATE_VQA:-30} [eager]=${ESTIMATE_EAGER:-30} [compile]=${ESTIMATE_COMPILE:-120})
+for kind in "${!estimate[@]}"; do positive "ESTIMATE_${kind^^}" "${estimate[$kind]}"; done
+# run_limit KIND: sets limit (the timeout command for the next run) from
+# RUN_TIMEOUT and DEADLINE, or returns 1 with `why` set when the run cannot
+# end before DEADLINE by KIND's estimate.
+run_limit() {
+  local seconds=$run_timeout left
+  limit=()
+  if [[ -n $deadline ]]; then
+    left=$((deadline - $(date +%s)))
+    if ((left < ${estimate[$1]})); then
+      why="not run: ${left} s left before DEADLINE, a $1 run takes about ${estimate[$1]} s"
+      return 1
+    fi
+    ((seconds == 0 || left < seconds)) && seconds=$left
+  fi
+  ((seconds > 0)) && limit=(timeout --kill-after=10 "$seconds")
+  return 0
+}
 [[ -x $build/vqa_train ]] || die "$build/vqa_train not found; build it or pass the build directory"
 
 python=""
@@ -294,9 +324,13 @@ EOF
 # profile covers the first epoch's last 2 steps, so the timed epoch runs
 # without the profiler.
 run_vqa() {
-  local name=$1 precision=$2 batch=$3 impl=${4:-vqa-hpc} run=$work/$1 status=0 start=$SECONDS
+  local name=$1 precision=$2 batch=$3 impl=${4:-vqa-hpc} run=$work/$1 status=0 start=$SECONDS why
   shift 3
   (($# == 0)) || shift
+  if ! run_limit vqa; then
+    row_json note "$impl" "$precision" "$batch" "$why" >>"$rows"
+    return
+  fi
   rm -rf "$run"
   "${limit[@]}" mpirun -np 1 "${mpirun_flags[@]}" "$build/vqa_train" --train-data "$data" \
     --out "$run" --preset "$preset" --device "$device" --precision "$precision" \
@@ -305,6 +339,7 @@ run_vqa() {
     --profile "$logs/$name.trace.json" --timeline-first-step $((steps - 2)) --timeline-steps 2 \
     "${vqa_extra[@]}" "$@" >"$logs/$name.log" 2>&1 || status=$?
   echo "bench_gpu.sh: $name: exit $status after $((SECONDS - start)) s" >&2
+  ((status == 0)) && estimate[vqa]=$((SECONDS - start > 0 ? SECONDS - start : 1))
   if ((status == 0)); then
     cp "$run/metrics.jsonl" "$logs/$name.metrics.jsonl"
     row_json vqa "$impl" "$precision" "$batch" "$run" "$logs/$name.trace.json" >>"$rows"
@@ -317,7 +352,12 @@ run_vqa() {
 # ran past RUN_TIMEOUT; the end of its log on stderr.
 failed_row() {
   local why="failed (exit $4)"
-  ((run_timeout > 0 && ($4 == 124 || $4 == 137))) && why="ran past RUN_TIMEOUT=$run_timeout s"
+  if (($4 == 124 || $4 == 137)) && [[ -n $deadline ]] && (($(date +%s) + 2 >= deadline)); then
+    # Cut off by DEADLINE, which the caller chose: a row that says so, not a failure.
+    row_json note "$1" "$2" "$3" "cut off at DEADLINE (its estimate was too short)" >>"$rows"
+    return
+  fi
+  (($4 == 124 || $4 == 137)) && why="ran past RUN_TIMEOUT=$run_timeout s"
   echo "bench_gpu.sh: $1 $2 batch $3 $why; the end of $5:" >&2
   tail -n 15 "$5" >&2
   row_json note "$1" "$2" "$3" "$why: see $5" >>"$rows"
@@ -327,12 +367,18 @@ failed_row() {
 # run_torch IMPL BATCH [flags]: jobs/ddp_reference.py; exit status 3 says
 # this PyTorch lacks what the flags ask for, and why.
 run_torch() {
-  local impl=$1 batch=$2 name=$1-$2 status=0 start=$SECONDS
+  local impl=$1 batch=$2 name=$1-$2 status=0 start=$SECONDS why kind=eager
   shift 2
+  [[ $impl == pytorch-compile-* ]] && kind=compile
+  if ! run_limit "$kind"; then
+    row_json note "$impl" "$torch_precision" "$batch" "$why" >>"$rows"
+    return
+  fi
   "${limit[@]}" "$python" jobs/ddp_reference.py "${ddp_flags[@]}" "${torch_flags[@]}" \
     --batch-per-rank "$batch" --precision "$torch_precision" "$@" \
     >"$logs/$name.json" 2>"$logs/$name.log" || status=$?
   echo "bench_gpu.sh: $name: exit $status after $((SECONDS - start)) s" >&2
+  ((status == 0)) && estimate[$kind]=$((SECONDS - start > 0 ? SECONDS - start : 1))
   if ((status == 0)); then
     theirs=$(sed -nE 's/.*"parameters": ([0-9]+).*/\1/p' "$logs/$name.json")
     [[ $theirs == "$parameters" ]] ||
@@ -345,37 +391,15 @@ run_torch() {
   fi
 }
 
-batch=${batches[0]}  # ddp_setup's --batch-per-rank; each run gives its own after it
-vqa_extra=("$@")
-echo "bench_gpu.sh: $device, preset $preset, $image_size px, questions of $max_len tokens, batches ${batches[*]}, $steps timed steps; PyTorch $torch_version ($python); logs in $logs" >&2
-# The comparison's core first (vqa-hpc's first precision, PyTorch eager and
-# compiled), then vqa-hpc's other precisions, so that a run cut short still
-# has it in rows.jsonl.
-for batch in "${batches[@]}"; do
-  for precision in "${precisions[@]}"; do
-    run_vqa "vqa-$precision-$batch" "$precision" "$batch"
-    if ((${#ddp_flags[@]} == 0)) && [[ -f $work/vqa-$precision-$batch/train.log ]]; then
-      ddp_setup "$work/vqa-$precision-$batch"
-      cp "$work/vqa-$precision-$batch/train.log" "$logs/model_line_source.log"
-    fi
-    [[ $precision == "${precisions[0]}" ]] || continue
-    if ((graph)); then
-      run_vqa "vqa-graph-$precision-$batch" "$precision" "$batch" vqa-hpc-graph --cuda-graph true
-    fi
-    if ((crop)); then
-      run_vqa "vqa-crop-$precision-$batch" "$precision" "$batch" vqa-hpc-crop \
-        --cuda-graph "$([[ $graph == 1 ]] && echo true || echo false)" --augment resized-crop
-    fi
-    ((${#ddp_flags[@]})) || die "no vqa_train run finished, so the reference has no model line to follow"
-    run_torch pytorch-eager "$batch"
-    for mode in "${compile_modes[@]}"; do
-      run_torch "pytorch-compile-$mode" "$batch" --compile "$mode"
-    done
-  done
-done
-model_line=$(grep -m 1 '^model: ' "$logs/model_line_source.log")
-
-# The table, the CSV and the ratios.
+torch_compile_note="; compile modes: ${compile_modes[*]:-none}"
+where=$device
+[[ $device == cuda ]] && where="GPU ($("$python" -c 'import torch; print(torch.cuda.get_device_name(0))'))"
+# write_table: table.txt (with its header lines), table.csv and the ratios
+# from the rows so far; called after every row, so that a run cut short
+# leaves a table of what it measured.
+write_table() {
+  local model_line
+  model_line=$(grep -m 1 '^model: ' "$logs/model_line_source.log" 2>/dev/null) || return 0
 "$python" - "$rows" "$out_dir/table.csv" "$model_line" "$max_len" "$peak_tflops" "$parameters" \
   "$steps" <<'EOF' >"$work/table.txt"
 import csv, json, re, sys
@@ -461,9 +485,6 @@ print(f"model FLOPs per trained sample: {train_flops / 1e9:.4g} G (forward x3, {
       f"tokens); {parameters} parameters in both models")
 EOF
 
-torch_compile_note="; compile modes: ${compile_modes[*]:-none}"
-where=$device
-[[ $device == cuda ]] && where="GPU ($("$python" -c 'import torch; print(torch.cuda.get_device_name(0))'))"
 {
   echo "# vqa-hpc and PyTorch on one $where, one rank: preset $preset, ${image_size} px, questions padded to $question_length tokens, $steps timed steps (vqa_train: its second epoch; PyTorch: after $warmup warm-up steps)"
   echo "# vqa_train: $build/vqa_train; fp32 without TF32 in matrix products (its default, LibTorch's)"
@@ -471,6 +492,51 @@ where=$device
   [[ $device == cpu ]] && echo "# CPU dry run: vqa_train's autocast is GPU-only, so every row computes in float32; MFU against $peak_tflops TFLOP/s means nothing here"
   echo "# samples/s: batch / median step time; MFU against $peak_tflops TFLOP/s; ops/step, kernels/step, host_ms (inside host operators), gpu_idle_ms: 2 steps under the profiler; kernels/step, gpu_idle_ms on a GPU only"
   cat "$work/table.txt"
-} | tee "$out_dir/table.txt"
+} >"$out_dir/table.txt"
+}
+
+batch=${batches[0]}  # ddp_setup's --batch-per-rank; each run gives its own after it
+vqa_extra=("$@")
+echo "bench_gpu.sh: $device, preset $preset, $image_size px, questions of $max_len tokens, batches ${batches[*]}, $steps timed steps; PyTorch $torch_version ($python); logs in $logs" >&2
+# The comparison's core first, at every batch (vqa-hpc in the first
+# precision, PyTorch eager), then the graph rows, each torch.compile mode,
+# the crop rows and vqa-hpc's other precisions.
+first=${precisions[0]}
+for batch in "${batches[@]}"; do
+  run_vqa "vqa-$first-$batch" "$first" "$batch"
+  if ((${#ddp_flags[@]} == 0)) && [[ -f $work/vqa-$first-$batch/train.log ]]; then
+    ddp_setup "$work/vqa-$first-$batch"
+    cp "$work/vqa-$first-$batch/train.log" "$logs/model_line_source.log"
+  fi
+  ((${#ddp_flags[@]})) || die "no vqa_train run finished, so the reference has no model line to follow (see $logs)"
+  run_torch pytorch-eager "$batch"
+  write_table
+done
+if ((graph)); then
+  for batch in "${batches[@]}"; do
+    run_vqa "vqa-graph-$first-$batch" "$first" "$batch" vqa-hpc-graph --cuda-graph true
+    write_table
+  done
+fi
+for mode in "${compile_modes[@]}"; do
+  for batch in "${batches[@]}"; do
+    run_torch "pytorch-compile-$mode" "$batch" --compile "$mode"
+    write_table
+  done
+done
+if ((crop)); then
+  for batch in "${batches[@]}"; do
+    run_vqa "vqa-crop-$first-$batch" "$first" "$batch" vqa-hpc-crop \
+      --cuda-graph "$([[ $graph == 1 ]] && echo true || echo false)" --augment resized-crop
+    write_table
+  done
+fi
+for precision in "${precisions[@]:1}"; do
+  for batch in "${batches[@]}"; do
+    run_vqa "vqa-$precision-$batch" "$precision" "$batch"
+    write_table
+  done
+done
+cat "$out_dir/table.txt"
 echo "wrote $out_dir/table.txt, $out_dir/table.csv, $rows; logs in $logs"
 ((failures == 0)) || die "$failures run(s) failed (rows above say which)"

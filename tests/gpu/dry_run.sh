@@ -35,6 +35,11 @@
 #   VQA_GPU_UNTIL   the check's last stage (default train: every stage)
 #   VQA_GPU_PRESET, VQA_GPU_STEPS, VQA_GPU_EPOCHS, VQA_GPU_BATCH
 #                   passed to the check (defaults here: tiny, 2, 2, 4)
+#   VQA_GPU_BUDGET_S, VQA_GPU_BENCH, VQA_GPU_BENCH_S, VQA_GPU_BENCH_BATCHES,
+#   _STEPS, _PRECISIONS, _COMPILE, WARMUP
+#                   passed to the check (defaults here: 0, no budget; 1;
+#                   240: the rows that fit in 4 minutes, the others say
+#                   "not run"; 4; 3; bf16; default; 2: small rows)
 # The check's logs and summary are copied to .gpu-check/dry-run/.
 set -euo pipefail
 
@@ -76,6 +81,11 @@ if [[ ${1:-} == --in-namespace ]]; then
     VQA_GPU_DEVICE=cpu VQA_GPU_UNTIL="${VQA_GPU_UNTIL:-train}" \
     VQA_GPU_PRESET="${VQA_GPU_PRESET:-tiny}" VQA_GPU_STEPS="${VQA_GPU_STEPS:-2}" \
     VQA_GPU_EPOCHS="${VQA_GPU_EPOCHS:-2}" VQA_GPU_BATCH="${VQA_GPU_BATCH:-4}" \
+    VQA_GPU_BUDGET_S="${VQA_GPU_BUDGET_S:-0}" VQA_GPU_BENCH="${VQA_GPU_BENCH:-1}" \
+    VQA_GPU_BENCH_S="${VQA_GPU_BENCH_S:-240}" \
+    VQA_GPU_BENCH_BATCHES="${VQA_GPU_BENCH_BATCHES:-4}" VQA_GPU_BENCH_STEPS="${VQA_GPU_BENCH_STEPS:-3}" \
+    VQA_GPU_BENCH_PRECISIONS="${VQA_GPU_BENCH_PRECISIONS:-bf16}" \
+    VQA_GPU_BENCH_COMPILE="${VQA_GPU_BENCH_COMPILE-default}" WARMUP="${WARMUP:-2}" \
     VQA_GPU_WORK=/build/work OUT=/build/out \
     /bin/bash /src/vqa-hpc/tests/gpu/check.sh
 fi
@@ -233,7 +243,7 @@ copy_source() {
     while IFS= read -r -d '' file; do
       if [[ -e $repo/$file ]]; then printf '%s\0' "$file"; fi
     done | tar -C "$repo" --null -T - -cf - | tar -C "$root/src/vqa-hpc" -xf -
-  cp -a "$bundle/debs" "$bundle/synth384.h5" "$root/src/vqa-hpc/.gpu-check/"
+  cp -a "$bundle/debs" "$bundle/synth384.h5" "$bundle/bench384.h5" "$root/src/vqa-hpc/.gpu-check/"
 }
 
 main() {
@@ -246,7 +256,7 @@ main() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
   start=$SECONDS
-  [[ -d $repo/.gpu-check/debs && -f $repo/.gpu-check/synth384.h5 ]] || {
+  [[ -d $repo/.gpu-check/debs && -f $repo/.gpu-check/synth384.h5 && -f $repo/.gpu-check/bench384.h5 ]] || {
     [[ -x $repo/build/vqa_prep ]] || die "no bundle and no build/vqa_prep to make it: build the project first"
     bash "$repo/tests/gpu/make_bundle.sh"
   }
@@ -258,6 +268,7 @@ main() {
   unshare --mount --pid --fork --propagation private -- "$BASH" "$self" --in-namespace || status=$?
   rm -rf "$repo/.gpu-check/dry-run"
   cp -a "$root/build/out" "$repo/.gpu-check/dry-run" 2>/dev/null || true
+  cp -a "$root/build/work/logs" "$repo/.gpu-check/dry-run/logs" 2>/dev/null || true
   ((status == 0)) || die "the check failed in the root after $((SECONDS - start)) s (logs: .gpu-check/dry-run)"
   log "the check passed in the root in $((SECONDS - start)) s (logs: .gpu-check/dry-run)"
 }
