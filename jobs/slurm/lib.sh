@@ -243,3 +243,27 @@ slurm_require_build_tool() {
   fi
   echo "$tool"
 }
+
+# slurm_recipe_convert CONFIG DIR: the `vqa_prep convert` arguments the
+# recipe CONFIG (jobs/configs/<recipe>.ini) needs, one per line: the words of
+# its `# prep-convert:` comment lines, in order, with {dir} replaced by DIR
+# (the dataset's folder), then `-o` and the recipe's train-data. Exits with
+# a message when CONFIG has no such line.
+slurm_recipe_convert() {
+  local config=$1 dir=$2 line word found=0 words
+  while IFS= read -r line; do
+    [[ $line =~ ^#[[:space:]]*prep-convert:(.*)$ ]] || continue
+    found=1
+    read -r -a words <<<"${BASH_REMATCH[1]}"
+    for word in "${words[@]}"; do
+      printf '%s\n' "${word//\{dir\}/$dir}"
+    done
+  done <"$config"
+  if ((!found)); then
+    echo "$config has no '# prep-convert:' line: it names no dataset to convert" \
+      "(recipes that do: $(grep -l '^# *prep-convert:' jobs/configs/*.ini | xargs -n1 basename |
+        sed 's/\.ini$//' | tr '\n' ' '))" >&2
+    exit 2
+  fi
+  printf '%s\n' -o "$(sed -n 's/^train-data *= *//p' "$config" | tail -n 1)"
+}

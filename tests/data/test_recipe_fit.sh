@@ -16,6 +16,7 @@
 set -euo pipefail
 # shellcheck source=tests/support/script_test.sh
 source "$(dirname "$0")/../support/script_test.sh"
+# shellcheck disable=SC2154 # source_dir, build_dir, work: set by script_test_begin
 script_test_begin recipe_fit "$1" "$2"
 
 python=$(torch_python 'import torch, h5py')
@@ -25,23 +26,7 @@ bound_s=5
 cd "$work"
 
 # ---- stand-ins: VQA-RAD's layout, a RoBERTa-base-sized vocabulary, M3AE ----
-python3 - "$source_dir/tests/docs" "$work" <<'PY'
-import json, os, sys
-sys.path.insert(0, sys.argv[1])
-import docs_commands
-docs_commands.stand_in_vqa_rad(os.path.join(sys.argv[2], "rad"))
-# roberta-base's special ids and size; the byte alphabet of GPT-2, then filler.
-byte_chars = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \
-             [chr(c) for c in range(174, 256)]
-byte_chars += [chr(256 + i) for i in range(256 - len(byte_chars))]
-tokens = ["<s>", "<pad>", "</s>", "<unk>"] + byte_chars + ["Ġ" + c for c in "abcdefghijklmnopqrstuvwxyz"]
-tokens += [f"filler{i}" for i in range(50265 - len(tokens))]
-os.makedirs(os.path.join(sys.argv[2], "models/roberta-base"), exist_ok=True)
-json.dump({t: i for i, t in enumerate(tokens)},
-          open(os.path.join(sys.argv[2], "models/roberta-base/vocab.json"), "w"))
-with open(os.path.join(sys.argv[2], "models/roberta-base/merges.txt"), "w") as f:
-    f.write("#version: 0.2\n" + "".join(f"Ġ {c}\n" for c in "abcdefghijklmnopqrstuvwxyz"))
-PY
+python3 "$source_dir/tests/data/recipe_stand_ins.py" "$work" rad
 inputs=(--train-json rad/trainset.json --test-json rad/testset.json --images rad/images
   --include-test-answers --answer-normalization m3ae)
 roberta=(--tokenizer roberta --vocab-json models/roberta-base/vocab.json

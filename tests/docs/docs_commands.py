@@ -199,6 +199,14 @@ def check_options(tokens, options):
                 if context == "vqa_prep" and i < len(tokens) and tokens[i] in PREP_COMMANDS:
                     context = f"vqa_prep:{tokens[i]}"
                     i += 1
+                elif context == "vqa_prep" and i < len(tokens):
+                    # prep_data.sbatch RECIPE DIR [convert options]: the recipe's convert.
+                    if not os.path.isfile(os.path.join(options.source, "jobs/configs",
+                                                       tokens[i] + ".ini")):
+                        problems.append(f"`{tokens[i]}` is neither a vqa_prep command nor a "
+                                        "recipe of jobs/configs/")
+                    context = "vqa_prep:convert"
+                    i += 2
             continue
         if context is None:
             continue

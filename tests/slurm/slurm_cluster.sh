@@ -192,6 +192,12 @@ SlurmdLogFile=$dir/log/slurmd.log
 NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+    # More partitions of the same node, for commands that name a site's
+    # (SLURM_TEST_PARTITIONS="cpu gpu").
+    local partition
+    for partition in ${SLURM_TEST_PARTITIONS:-}; do
+      echo "PartitionName=$partition Nodes=ALL MaxTime=INFINITE State=UP"
+    done
   } >"$dir/slurm.conf"
   export SLURM_CONF=$dir/slurm.conf
 
