@@ -3,13 +3,34 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
 
 #include <algorithm>
 
 #include "runtime/check.h"  // VQA_CHECK
 #include "util/clock.h"     // SteadyClock, steady_seconds, seconds_since
 
+// ATen's multi-tensor copy (one kernel launch for many tensors on a GPU): LibTorch 2.1 on.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define VQA_FOREACH_COPY 1
+#endif
+
 namespace vqa::train {
+
+namespace {
+
+// into[i] = from[i] for every i, as one multi-tensor operator where this
+// LibTorch has one (1.13 has none: one copy per tensor there).
+void copy_tensors(const std::vector<torch::Tensor>& into, const std::vector<torch::Tensor>& from) {
+  if (into.empty()) return;
+#ifdef VQA_FOREACH_COPY
+  at::_foreach_copy_(into, from);
+#else
+  for (size_t i = 0; i < into.size(); ++i) into[i].copy_(from[i]);
+#endif
+}
+
+}  // namespace
 
 // The gradient accumulator's post hook of one parameter.
 class GradientSynchronizer::ArrivalHook final : public torch::autograd::FunctionPostHook {
@@ -29,7 +50,10 @@ class GradientSynchronizer::ArrivalHook final : public torch::autograd::Function
 GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
                                            runtime::Communicator& comm,
                                            const GradientSyncOptions& options)
-    : parameters_(std::move(parameters)), comm_(comm), options_(options) {
+    : parameters_(std::move(parameters)),
+      comm_(comm),
+      options_(options),
+      communicates_(!options.skip_allreduce && comm.world_size() > 1) {
   const int64_t bucket_limit = static_cast<int64_t>(options_.bucket_mb * 1024 * 1024);
   slots_.resize(parameters_.size());
   // Reverse registration order: backward reaches the last layers first.
@@ -64,6 +88,7 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
   }
   VQA_CHECK(options_.row_sync_parameter.empty() || row_parameter >= 0,
             "row sync of " + options_.row_sync_parameter + ": no trainable parameter of that name");
+  std::vector<int64_t> bucket_elements;
   for (auto& group : groups) {
     if (group.empty()) continue;
     Bucket bucket;
@@ -84,16 +109,29 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
     if (bucket.sharded) elements = (elements + ranks - 1) / ranks * ranks;
     bucket.begin = bucket.sharded ? elements / ranks * comm_.rank() : 0;
     bucket.end = bucket.sharded ? bucket.begin + elements / ranks : elements;
-    const auto& device = parameters_[group.front()].tensor.device();
     bucket.parameters = std::move(group);
-    bucket.flat =
-        torch::zeros({elements}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+    bucket.arrived.assign(bucket.parameters.size(), false);
+    bucket_elements.push_back(elements);
+    buckets_.push_back(std::move(bucket));
+  }
+  // One buffer for every bucket, so that a pass over all the gradients (the
+  // finite check, clipping) is one operator whatever the number of tensors.
+  int64_t total = 0;
+  for (const int64_t elements : bucket_elements) total += elements;
+  if (!buckets_.empty()) {
+    const auto& device = parameters_.front().tensor.device();
+    all_gradients_ =
+        torch::zeros({total}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  }
+  int64_t offset = 0;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& bucket = buckets_[k];
+    bucket.flat = all_gradients_.narrow(0, offset, bucket_elements[k]);
+    offset += bucket_elements[k];
     // The row bucket's wire is made each step, as big as that step's rows.
     if (options_.bf16 && bucket.row_width == 0) {
       bucket.wire = torch::empty_like(bucket.flat, torch::kBFloat16);
     }
-    bucket.arrived.assign(bucket.parameters.size(), false);
-    buckets_.push_back(std::move(bucket));
   }
   stats_.buckets = static_cast<int64_t>(buckets_.size());
   stats_.ready_before_end_sums.assign(buckets_.size(), 0.0);
@@ -140,7 +178,8 @@ void GradientSynchronizer::make_flat_parameters() {
 }
 
 void GradientSynchronizer::prepare_backward(bool sync, const torch::Tensor& row_ids) {
-  if (!step_open_) {  // first micro-step of an optimiser step
+  copy_staged_gradients();  // a previous micro-step's, of parameters some bucket still waits for
+  if (!step_open_) {        // first micro-step of an optimiser step
     step_open_ = true;
     local_rows_.clear();
     std::fill(touched_.begin(), touched_.end(), false);
@@ -158,7 +197,7 @@ void GradientSynchronizer::prepare_backward(bool sync, const torch::Tensor& row_
   if (row_bucket_ < 0) return;
   VQA_CHECK(row_ids.defined(), "row sync: prepare_backward needs the micro-batch's row ids");
   note_rows(row_ids);
-  if (sync && !options_.skip_allreduce) gather_rows();
+  if (sync && communicates_) gather_rows();
 }
 
 void GradientSynchronizer::note_rows(const torch::Tensor& row_ids) {
@@ -210,7 +249,14 @@ void GradientSynchronizer::on_gradient(int64_t index) {
   if (!touched_[index]) {
     torch::NoGradGuard no_grad;
     torch::Tensor& grad = parameters_[index].tensor.mutable_grad();
-    if (grad.defined() && !grad.is_same(slot_views_[index])) slot_views_[index].copy_(grad);
+    Bucket& bucket = buckets_[slots_[index].bucket];
+    if (grad.defined() && !grad.is_same(slot_views_[index])) {
+      // Staged, and copied with the bucket's others in one operator once
+      // they have all arrived (or when the bucket is launched).
+      bucket.staged_into.push_back(slot_views_[index]);
+      bucket.staged_from.push_back(std::move(grad));
+      if (bucket.staged_into.size() == bucket.parameters.size()) copy_staged(bucket);
+    }
     grad = slot_views_[index];
     touched_[index] = true;
   }
@@ -227,8 +273,9 @@ void GradientSynchronizer::launch_ready_buckets() {
          buckets_[next_to_launch_].pending == 0) {
     const int64_t index = next_to_launch_++;
     Bucket& bucket = buckets_[index];
+    copy_staged(bucket);
     bucket.launched = util::steady_seconds();
-    if (options_.skip_allreduce) continue;
+    if (!communicates_) continue;  // one rank: its gradients are their own average
     if (bucket.row_width > 0) {
       // Only the rows some rank touched; the rest is zero on every rank.
       torch::NoGradGuard no_grad;
@@ -245,9 +292,22 @@ void GradientSynchronizer::launch_ready_buckets() {
   }
 }
 
+void GradientSynchronizer::copy_staged(Bucket& bucket) {
+  if (bucket.staged_into.empty()) return;
+  torch::NoGradGuard no_grad;
+  copy_tensors(bucket.staged_into, bucket.staged_from);
+  bucket.staged_into.clear();
+  bucket.staged_from.clear();  // autograd's tensors freed: one copy of each gradient remains
+}
+
+void GradientSynchronizer::copy_staged_gradients() {
+  for (auto& bucket : buckets_) copy_staged(bucket);
+}
+
 void GradientSynchronizer::finish_backward() {
   if (!last_micro_ || !step_open_) return;
   torch::NoGradGuard no_grad;
+  copy_staged_gradients();
   const double backward_end = util::steady_seconds();
   // Parameters that got no gradient in this optimiser step contribute zeros,
   // so every rank still launches every bucket and nobody waits forever.
@@ -272,7 +332,7 @@ void GradientSynchronizer::finish_backward() {
     stats_.ready_before_end_sums[k] += last_ready_before_end_[k];
   }
 
-  if (!options_.skip_allreduce) {
+  if (communicates_) {
     const auto start = util::SteadyClock::now();
     for (auto& bucket : buckets_) bucket.work->wait();
     stats_.exposed_wait_seconds += util::seconds_since(start);
@@ -316,7 +376,7 @@ void GradientSynchronizer::count_replayed_step() {
             "a replayed step counted before any captured one, or with row sync");
   for (size_t k = 0; k < buckets_.size(); ++k) {
     stats_.ready_before_end_sums[k] += last_ready_before_end_[k];
-    if (!options_.skip_allreduce) count_sent(static_cast<int64_t>(k));
+    if (communicates_) count_sent(static_cast<int64_t>(k));
   }
   ++stats_.synchronised_steps;
 }
@@ -327,9 +387,7 @@ bool GradientSynchronizer::gradients_finite() const {
   // A finite sum proves every value finite (an infinity or a NaN anywhere
   // makes it non-finite). One float32 pass; only a sum that is not finite,
   // which finite values can also reach by overflow, gets the exact check.
-  std::vector<torch::Tensor> sums;
-  for (const auto& bucket : buckets_) sums.push_back(bucket.owned(bucket.flat).sum());
-  bool finite = torch::isfinite(torch::stack(sums)).all().item<bool>();
+  bool finite = torch::isfinite(owned_gradient_sums()).all().item<bool>();
   if (!finite) {
     finite = true;
     for (const auto& bucket : buckets_) {
@@ -337,20 +395,26 @@ bool GradientSynchronizer::gradients_finite() const {
     }
   }
   // Sharded: each rank checked its own blocks; every rank decides alike.
-  if (options_.shard) finite = comm_.min(finite ? 1.0 : 0.0) > 0.0;
+  if (options_.shard && communicates_) finite = comm_.min(finite ? 1.0 : 0.0) > 0.0;
   return finite;
 }
 
 torch::Tensor GradientSynchronizer::nonfinite_flag() const {
   torch::NoGradGuard no_grad;
   if (buckets_.empty()) return torch::zeros({}, torch::kBool);
+  return any_rank(torch::logical_not(torch::isfinite(owned_gradient_sums())).any());
+}
+
+torch::Tensor GradientSynchronizer::owned_gradient_sums() const {
+  // Unsharded, every bucket is owned whole: one sum over the one buffer.
+  if (!options_.shard) return all_gradients_.sum();
   std::vector<torch::Tensor> sums;
   for (const auto& bucket : buckets_) sums.push_back(bucket.owned(bucket.flat).sum());
-  return any_rank(torch::logical_not(torch::isfinite(torch::stack(sums))).any());
+  return torch::stack(sums);
 }
 
 torch::Tensor GradientSynchronizer::any_rank(const torch::Tensor& flag) const {
-  if (!options_.shard) return flag;
+  if (!options_.shard || !communicates_) return flag;
   torch::NoGradGuard no_grad;
   auto count = flag.to(torch::kFloat32).reshape({1}).contiguous();
   comm_.allreduce(count, runtime::ReduceOp::kSum);
@@ -360,6 +424,14 @@ torch::Tensor GradientSynchronizer::any_rank(const torch::Tensor& flag) const {
 void GradientSynchronizer::clip_gradient_norm(double max_norm) {
   torch::NoGradGuard no_grad;
   if (buckets_.empty()) return;
+  if (!options_.shard) {
+    // Every gradient, in the one buffer: one norm and one multiplication
+    // (accumulated in float64, as below).
+    const auto norm = torch::linalg_vector_norm(all_gradients_, 2, c10::nullopt,
+                                                /*keepdim=*/false, torch::kFloat64);
+    all_gradients_.mul_((max_norm / (norm + 1e-6)).clamp_max(1.0).to(torch::kFloat32));
+    return;
+  }
   // Squares summed over the owned blocks (accumulated in float64: the sum
   // runs over blocks that cut across parameters, so its rounding should not
   // depend on where they are cut): the sharded buckets' are added up over
@@ -374,9 +446,11 @@ void GradientSynchronizer::clip_gradient_norm(double max_norm) {
   const auto options = buckets_.front().flat.options().dtype(torch::kFloat64);
   auto total =
       sharded.empty() ? torch::zeros({1}, options) : torch::stack(sharded).sum().reshape({1});
-  auto sent = total.to(torch::kFloat32);  // the MPI backend sends float32 and bfloat16
-  comm_.allreduce(sent, runtime::ReduceOp::kSum);
-  total = sent.to(torch::kFloat64);
+  if (communicates_) {
+    auto sent = total.to(torch::kFloat32);  // the MPI backend sends float32 and bfloat16
+    comm_.allreduce(sent, runtime::ReduceOp::kSum);
+    total = sent.to(torch::kFloat64);
+  }
   if (!replicated.empty()) total = total + torch::stack(replicated).sum();
   const auto scale = (max_norm / (total.sqrt() + 1e-6)).clamp_max(1.0).to(torch::kFloat32);
   for (auto& bucket : buckets_) bucket.owned(bucket.flat).mul_(scale);
@@ -396,7 +470,7 @@ std::vector<ShardBucket> GradientSynchronizer::shard_layout() const {
 
 void GradientSynchronizer::gather_parameters(int64_t bucket) {
   Bucket& b = buckets_.at(bucket);
-  if (!b.sharded || options_.skip_allreduce) return;
+  if (!b.sharded || !communicates_) return;
   b.gather = comm_.allgather_async(b.values);
 }
 
@@ -420,6 +494,7 @@ std::vector<BucketTiming> GradientSynchronizer::last_step_timings() const {
 }
 
 std::vector<torch::Tensor> GradientSynchronizer::bucket_gradients() const {
+  if (!options_.shard && all_gradients_.defined()) return {all_gradients_};
   std::vector<torch::Tensor> flats;
   for (const auto& bucket : buckets_) flats.push_back(bucket.owned(bucket.flat));
   return flats;
@@ -441,7 +516,7 @@ std::vector<int64_t> GradientSynchronizer::bucket_bytes() const {
     const Bucket& bucket = buckets_[k];
     if (bucket.row_width == 0) {
       sizes.push_back(bucket.flat.numel() * element);
-    } else if (stats_.synchronised_steps > 0 && !options_.skip_allreduce) {
+    } else if (stats_.synchronised_steps > 0 && communicates_) {
       sizes.push_back(stats_.sent_bytes_sums[k] / stats_.synchronised_steps);
     } else {
       const int64_t rows = std::min(bucket.flat.numel() / bucket.row_width,

@@ -2,12 +2,18 @@
 //
 // Parameters are grouped into buckets of about --bucket-mb in reverse
 // registration order (the order backward produces their gradients). The
-// buckets' flat buffers hold the gradients, and param.grad() is a view of
-// the parameter's slot (DDP's gradient_as_bucket_view): a post hook on each
-// parameter's gradient accumulator moves the first gradient of an optimiser
-// step into the slot and points param.grad() at it, so autograd adds later
-// micro-steps' gradients into the slot itself and backward holds one copy of
-// the gradients, not two. The moment a bucket's last gradient of the last
+// buckets' flat buffers, consecutive parts of one buffer, hold the
+// gradients, and param.grad() is a view of the parameter's slot (DDP's
+// gradient_as_bucket_view): a post hook on each parameter's gradient
+// accumulator points param.grad() at the slot and stages the first gradient
+// of an optimiser step; once a bucket's gradients have all arrived they are
+// copied in with one multi-tensor operator (one per tensor with LibTorch
+// 1.13, which has none) and autograd's tensors freed, so autograd adds later
+// micro-steps' gradients into the slots themselves and backward holds one
+// copy of the gradients, not two. After backward nothing runs per parameter
+// tensor: the finite check and clipping are one pass over the one buffer.
+// One rank (or --no-comm) sends nothing: its gradients are their own
+// average. The moment a bucket's last gradient of the last
 // micro-step arrives its average-allreduce is launched, while backward goes on. Buckets are
 // launched in bucket order on every rank, so all ranks issue the same collectives in the same
 // sequence. finish_backward() waits only for what is still in flight and points every param.grad()
@@ -135,7 +141,8 @@ class GradientSynchronizer {
   void count_replayed_step();
 
   // True when every gradient of the last finish_backward() is finite: one
-  // sum per bucket, read once (the exact check only when a sum is not finite).
+  // sum (one per bucket, sharded), read once (the exact check only when a
+  // sum is not finite).
   bool gradients_finite() const;
   // The same check left on the device (no host read): a 0-dim bool, true
   // when some bucket's sum is not finite (which finite values whose sum
@@ -152,8 +159,8 @@ class GradientSynchronizer {
   std::vector<int64_t> bucket_bytes() const;
   // True when a parameter is synchronised by rows.
   bool row_sync() const { return row_bucket_ >= 0; }
-  // The buckets' float32 buffers: every gradient, as param.grad() views them
-  // (sharded: this rank's blocks, the only averaged part).
+  // The float32 gradients, as param.grad() views them: the one buffer that
+  // holds every bucket (sharded: this rank's blocks, the only averaged part).
   std::vector<torch::Tensor> bucket_gradients() const;
   // Bytes the buckets hold: the float32 gradients and the bfloat16 copies sent.
   int64_t memory_bytes() const;
@@ -173,8 +180,9 @@ class GradientSynchronizer {
   // `flag` (0-dim bool on the device, true: some owned gradient is not
   // finite) or-ed over the ranks; unchanged when not sharded.
   torch::Tensor any_rank(const torch::Tensor& flag) const;
-  // Scales the owned gradients so that the global L2 norm (over every
-  // rank's blocks) is at most max_norm; the scale stays on the device.
+  // Scales the gradients (sharded: the owned ones) so that their global L2
+  // norm (over every rank's blocks) is at most max_norm; the norm is
+  // accumulated in float64 and the scale stays on the device.
   void clip_gradient_norm(double max_norm);
 
  private:
@@ -197,6 +205,8 @@ class GradientSynchronizer {
     bool sharded = false;
     int64_t begin = 0, end = 0;
     runtime::WorkHandle gather;
+    // Gradients staged by on_gradient for one copy into their slots.
+    std::vector<torch::Tensor> staged_into, staged_from;
     // Bytes one averaging of this bucket sends (its bfloat16 copy or the
     // float32 buffer; the row bucket's last rows).
     int64_t sent_bytes() const {
@@ -215,6 +225,9 @@ class GradientSynchronizer {
   void note_rows(const torch::Tensor& row_ids);
   void make_flat_parameters();
   void gather_rows();
+  void copy_staged(Bucket& bucket);
+  void copy_staged_gradients();  // every bucket's
+  torch::Tensor owned_gradient_sums() const;
 
   std::vector<NamedTensor> parameters_;
   std::vector<Slot> slots_;
@@ -225,7 +238,9 @@ class GradientSynchronizer {
   std::vector<Bucket> buckets_;
   runtime::Communicator& comm_;
   GradientSyncOptions options_;
-  bool step_open_ = false;  // micro-steps of an optimiser step have begun
+  bool communicates_;            // more than one rank and not skip_allreduce
+  torch::Tensor all_gradients_;  // float32: every bucket's flat buffer, in bucket order
+  bool step_open_ = false;       // micro-steps of an optimiser step have begun
   bool last_micro_ = false;
   int64_t next_to_launch_ = 0;
   bool reported_unused_ = false;

@@ -52,16 +52,6 @@ class FaultInjector {
   bool nan_rank_;
 };
 
-// --grad-clip: over the parameters' gradients, or with sharded optimiser
-// state over every rank's owned blocks.
-void clip_gradients(TrainingParts& parts, double max_norm) {
-  if (parts.gradients.sharded()) {
-    parts.gradients.clip_gradient_norm(max_norm);
-  } else {
-    clip_gradient_norm(parts.model->parameters(), max_norm);
-  }
-}
-
 // The buckets' allreduces of the step just taken, for the timeline.
 void timeline_add_collectives(TrainingParts& parts, int64_t global_step) {
   if (!parts.timeline.active() || !parts.timeline.in_window(global_step)) return;
@@ -229,7 +219,7 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
                     ? torch::where(found_inf, torch::zeros_like(step_loss), step_loss)
                     : step_loss;
     samples += step_samples;
-    if (config.grad_clip > 0) clip_gradients(parts, config.grad_clip);
+    if (config.grad_clip > 0) parts.gradients.clip_gradient_norm(config.grad_clip);
     parts.optimizer.step(state.global_step, found_inf);
     if (found_inf.defined()) {
       deferred.flag.capture(found_inf);
@@ -288,7 +278,7 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
   if (applied) {
     loss_sum += step_loss;
     samples += step_samples;
-    if (config.grad_clip > 0) clip_gradients(parts, config.grad_clip);
+    if (config.grad_clip > 0) parts.gradients.clip_gradient_norm(config.grad_clip);
     parts.optimizer.step(state.global_step);
   }
   parts.timer.end_phase(Phase::kOptimizer);
