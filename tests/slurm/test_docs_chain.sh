@@ -110,6 +110,7 @@ for i in 0 1; do
     fail "job $job did not finish"
   exit_code=$(slurm_job_field "$job" ExitCode)
   echo "---- job $job ($name): $state, exit code $exit_code"
+  grep -m 2 "error on" "$repo/$name-$job.out" || true
   grep -v ' = ' "$repo/$name-$job.out" | tail -n 12 || true
   [[ $state == COMPLETED && $exit_code == 0:0 ]] || fail "job $job ended $state with exit code $exit_code"
 done
