@@ -78,9 +78,8 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
     const torch::Tensor heads = x.view({batch, x.size(1), heads_, head_size}).transpose(1, 2);
     return fused ? heads : heads.contiguous();
   };
-  const auto rows = [&](int64_t first, int64_t count) {
-    return in_weight_.narrow(/*dim=*/0, first * hidden, count * hidden);
-  };
+  // Apart, the rows are taken with one split: its backward is one cat of
+  // the parts' gradients (row slices would each add a zero-filled full copy).
   torch::Tensor q, k, v;
   if (packed_ && queries.is_same(keys_values)) {
     const auto qkv =
@@ -89,15 +88,17 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
     k = split_heads(qkv[1]);
     v = split_heads(qkv[2]);
   } else if (packed_) {
-    q = split_heads(torch::linear(queries, rows(0, 1), query_bias_));
-    const auto kv =
-        torch::linear(keys_values, rows(1, 2), packed_bias(/*with_query=*/false)).chunk(2, -1);
+    const auto weights = in_weight_.split_with_sizes({hidden, 2 * hidden});
+    q = split_heads(torch::linear(queries, weights[0], query_bias_));
+    const auto kv = torch::linear(keys_values, weights[1], packed_bias(/*with_query=*/false))
+                        .chunk(2, /*dim=*/-1);
     k = split_heads(kv[0]);
     v = split_heads(kv[1]);
   } else {
-    q = split_heads(torch::linear(queries, rows(0, 1), query_bias_));
-    k = split_heads(torch::linear(keys_values, rows(1, 1)));
-    v = split_heads(torch::linear(keys_values, rows(2, 1), value_bias_));
+    const auto weights = in_weight_.split(hidden);
+    q = split_heads(torch::linear(queries, weights[0], query_bias_));
+    k = split_heads(torch::linear(keys_values, weights[1]));
+    v = split_heads(torch::linear(keys_values, weights[2], value_bias_));
   }
 #ifdef VQA_HAVE_SDPA
   if (fused) {
