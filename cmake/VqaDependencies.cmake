@@ -23,6 +23,23 @@ target_compile_definitions(vqa_hdf5 INTERFACE ${HDF5_DEFINITIONS})
 target_link_libraries(vqa_hdf5 INTERFACE ${HDF5_C_LIBRARIES} MPI::MPI_C)
 
 find_package(Boost 1.71 REQUIRED COMPONENTS program_options)
+# TensorBoard's event files (src/util/tensorboard_writer.h): the event
+# messages through Protocol Buffers (its runtime and protoc; Debian:
+# libprotobuf-dev, protobuf-compiler), the records' CRC-32C through Boost.
+set(VQA_TENSORBOARD_BUILT OFF)
+set(VQA_TENSORBOARD_REASON "VQA_WITH_TENSORBOARD=OFF")
+if(NOT VQA_WITH_TENSORBOARD STREQUAL "OFF")
+  find_package(Protobuf QUIET)
+  if(Protobuf_FOUND AND Protobuf_PROTOC_EXECUTABLE AND TARGET protobuf::libprotobuf)
+    set(VQA_TENSORBOARD_BUILT ON)
+  elseif(VQA_WITH_TENSORBOARD STREQUAL "ON")
+    message(FATAL_ERROR "VQA_WITH_TENSORBOARD=ON but Protocol Buffers (library: ${Protobuf_FOUND}, "
+                        "protoc: ${Protobuf_PROTOC_EXECUTABLE}) is missing: apt-get install "
+                        "libprotobuf-dev protobuf-compiler (env/setup.sh does it)")
+  else()
+    set(VQA_TENSORBOARD_REASON "Protocol Buffers or protoc not found")
+  endif()
+endif()
 # CRC-32 of checkpoint files (zlib's, the one of gzip and zip).
 find_package(ZLIB REQUIRED)
 # OpenCV: only core, imgcodecs and imgproc (decode, resize, crop). Debian

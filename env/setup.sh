@@ -16,6 +16,7 @@ packages=(
   nlohmann-json3-dev                    # VQA-RAD / SLAKE JSON in vqa_prep
   libpcre2-dev                          # GPT-2's pre-tokenisation pattern (\p{L}, \p{N}) in vqa_prep
   zlib1g-dev                            # CRC-32 checksums of checkpoints
+  libprotobuf-dev protobuf-compiler     # TensorBoard's event files (the event messages)
   libgtest-dev                          # tests
   shellcheck                            # lint of the job scripts (a test)
   slurmctld slurmd slurm-client munge   # a real single-node Slurm for the cluster-script tests
@@ -25,6 +26,7 @@ packages=(
   python3 python3-torch                 # tests/slurm's metrics comparison; the PyTorch DDP reference (jobs/ddp_reference.py)
   python3-pil                           # test: Pillow's resize, the reference of convert's (tests/data)
   python3-h5py                          # test: the M3AE reference reads the dataset file (tests/model/m3ae_reference.py)
+  python3-protobuf python3-crc32c       # test: an independent reader of the TensorBoard event files (tests/train)
   nodejs                                # test: gpt-3-encoder, the reference of the RoBERTa BPE (tests/data)
 )
 

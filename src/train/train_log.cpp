@@ -5,6 +5,7 @@
 #include <torch/version.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -66,6 +67,7 @@ RunLog::RunLog(const std::string& out_dir, bool writer, const c10::Device& devic
 
 void RunLog::open_files(const std::string& out_dir, const std::string& first_line) {
   if (!writer_) return;
+  out_dir_ = out_dir;
   std::filesystem::create_directories(out_dir);
   text_.open(std::filesystem::path(out_dir) / "train.log", std::ios::app);
   json_.open(std::filesystem::path(out_dir) / "metrics.jsonl", std::ios::app);
@@ -108,8 +110,64 @@ void RunLog::epoch_header() {
   info(line);
 }
 
-void RunLog::epoch(int64_t epoch, const EpochStats& train, const EvalStats* eval, bool best,
-                   const nlohmann::json* step_report) {
+util::TensorBoardWriter* RunLog::tensorboard() {
+  if (!writer_ || tensorboard_tried_) return tensorboard_.get();
+  tensorboard_tried_ = true;
+  if (!util::tensorboard_writer_built()) {
+    info("TensorBoard: no event file (this build has no writer: CMake found no Protocol Buffers)");
+    return nullptr;
+  }
+  try {
+    tensorboard_ = std::make_unique<util::TensorBoardWriter>(out_dir_);
+  } catch (const std::exception& e) {
+    warn(std::string("TensorBoard: ") + e.what());
+  }
+  return tensorboard_.get();
+}
+
+void RunLog::configuration(const std::string& config_ini, int64_t global_step) {
+  if (!writer_) return;
+  if (auto* events = tensorboard()) {
+    // Four spaces make Markdown (the text plugin's) show it as written.
+    std::string text;
+    size_t begin = 0;
+    while (begin < config_ini.size()) {
+      const size_t end = std::min(config_ini.find('\n', begin), config_ini.size());
+      text += "    " + config_ini.substr(begin, end - begin) + "\n";
+      begin = end + 1;
+    }
+    events->text("config", text, global_step);
+  }
+}
+
+std::vector<std::pair<std::string, double>> tensorboard_scalars(const nlohmann::json& record) {
+  std::vector<std::pair<std::string, double>> values;
+  auto add = [&](const std::string& tag, const nlohmann::json& from, const char* key) {
+    if (from.contains(key) && from[key].is_number())
+      values.emplace_back(tag, from[key].get<double>());
+  };
+  add("train/loss", record, "train_loss");
+  add("train/learning_rate", record, "lr");
+  add("train/samples_per_second", record, "samples_per_second");
+  add("train/loss_scale", record, "loss_scale");
+  add("train/skipped_steps", record, "skipped_steps");
+  add("eval/overall", record, "overall");
+  add("eval/open", record, "open");
+  add("eval/closed", record, "closed");
+  add("eval/loss", record, "test_loss");
+  if (record.contains("step_seconds")) add("step/seconds_p50", record["step_seconds"], "p50");
+  if (record.contains("phases") && record["phases"].is_object()) {
+    for (const auto& [phase, numbers] : record["phases"].items()) {
+      add("step/" + phase + "_seconds", numbers, "mean");
+    }
+  }
+  add("step/slowest_rank_excess", record, "slowest_rank_excess");
+  add("step/bus_gbps", record, "bus_gbps");
+  return values;
+}
+
+void RunLog::epoch(int64_t epoch, int64_t global_step, const EpochStats& train,
+                   const EvalStats* eval, bool best, const nlohmann::json* step_report) {
   if (!writer_) return;
   const double throughput = train.seconds > 0 ? train.timed_samples / train.seconds : 0.0;
   char line[256];
@@ -129,6 +187,7 @@ void RunLog::epoch(int64_t epoch, const EpochStats& train, const EvalStats* eval
   }
 
   nlohmann::json record = {{"epoch", epoch},
+                           {"global_step", global_step},
                            {"train_loss", train.mean_loss},
                            {"lr", train.learning_rate},
                            {"epoch_seconds", train.seconds},
@@ -156,6 +215,14 @@ void RunLog::epoch(int64_t epoch, const EpochStats& train, const EvalStats* eval
   }
   json_ << record.dump() << "\n";
   json_.flush();
+  if (auto* events = tensorboard()) {
+    try {
+      events->scalars(tensorboard_scalars(record), global_step);
+    } catch (const std::exception& e) {
+      warn(std::string("TensorBoard: ") + e.what() + "; no more events this run");
+      tensorboard_.reset();
+    }
+  }
 }
 
 void RunLog::evaluation(const EvalStats& eval, const std::string& model_source) {

@@ -197,7 +197,7 @@ void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const 
     write_or_warn(parts.log, "the timeline " + config.timeline,
                   [&] { parts.timeline.write(parts.comm, parts.comm.host()); });
   }
-  parts.log.epoch(epoch, stats, evaluate_now ? &eval_stats : nullptr, best,
+  parts.log.epoch(epoch, state.global_step, stats, evaluate_now ? &eval_stats : nullptr, best,
                   report_json.is_null() ? nullptr : &report_json);
   for (const auto& line : report_lines) parts.log.info(line);
   const bool save_now =
@@ -311,7 +311,10 @@ int run_evaluation_only(TrainingParts& parts, data::ShardedLoader& test_loader,
 int run_training(TrainingParts& parts, data::ShardedLoader& train_loader,
                  data::ShardedLoader& test_loader, const AllreduceProbe& probe,
                  const std::string& config_ini, TrainState& state) {
-  if (state.next_epoch < parts.config.epochs) parts.log.epoch_header();
+  if (state.next_epoch < parts.config.epochs) {
+    parts.log.configuration(config_ini, state.global_step);
+    parts.log.epoch_header();
+  }
   runtime::StopAgreement stop;
   while (state.next_epoch < parts.config.epochs) {
     const GradientSyncStats sync_before = parts.gradients.stats();
