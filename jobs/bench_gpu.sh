@@ -400,99 +400,17 @@ where=$device
 write_table() {
   local model_line
   model_line=$(grep -m 1 '^model: ' "$logs/model_line_source.log" 2>/dev/null) || return 0
-"$python" - "$rows" "$out_dir/table.csv" "$model_line" "$max_len" "$peak_tflops" "$parameters" \
-  "$steps" <<'EOF' >"$work/table.txt"
-import csv, json, re, sys
-rows_path, csv_path, model_line, max_len, peak, parameters, steps = sys.argv[1:8]
-rows = [json.loads(line) for line in open(rows_path) if line.strip()]
-# Per batch: vqa-hpc by precision, then PyTorch eager, then the compile modes.
-order = {"vqa-hpc": 0, "vqa-hpc-graph": 1, "vqa-hpc-crop": 2, "pytorch-eager": 3}
-rows.sort(key=lambda r: (r["batch"], order.get(r["impl"], 4), r["impl"],
-                         ["bf16", "fp16", "fp32"].index(r["precision"])))
-sys.path.insert(0, "jobs")  # the script runs from the repository root
-from model_flops import forward_flops, model_sizes  # the GPU check's formula too
+  "$python" jobs/bench_gpu_table.py "$rows" "$out_dir/table.csv" "$model_line" "$max_len" \
+    "$peak_tflops" "$parameters" "$steps" >"$work/table.txt"
 
-# Forward FLOPs per sample for MAX_LEN question tokens, x3 for a trained one.
-train_flops = 3 * forward_flops(model_sizes(model_line), max_len)
-
-def fmt(value, spec):
-    return "n/a" if value is None else format(value, spec)
-
-def kernels(row):
-    k, graphs = row.get("kernels_per_step"), row.get("graph_launches_per_step")
-    if k is None:
-        return "n/a"
-    return f"{k:.0f}/{graphs:.0f} graphs" if graphs else f"{k:.0f}"
-
-columns = ["impl", "precision", "batch", "samples/s", "MFU_%", "peak_GiB", "data_%", "ops/step",
-           "kernels/step", "host_ms", "gpu_idle_ms", "warmup_s"]
-line = "%-34s %-9s %5s %10s %8s %8s %7s %9s %15s %8s %11s %8s"
-print(line % tuple(columns))
-csv_columns = ["impl", "precision", "batch", "samples_per_second", "samples_per_second_mean",
-               "mfu_percent", "peak_memory_bytes", "data_wait_percent", "operators_per_step",
-               "kernels_per_step",
-               "graph_launches_per_step", "host_ms", "host_cpu_ms", "gpu_idle_ms",
-               "warmup_seconds", "steps", "note"]
-with open(csv_path, "w", newline="") as out:
-    writer = csv.DictWriter(out, fieldnames=csv_columns, extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-        rate = row.get("samples_per_second")
-        row["mfu_percent"] = None if rate is None else 100 * train_flops * rate / (float(peak) * 1e12)
-        writer.writerow(row)
-        if rate is None:
-            print("%-34s %-9s %5d   %s" % (row["impl"], row["precision"], row["batch"], row["note"]))
-            continue
-        memory = row.get("peak_memory_bytes")
-        print(line % (row["impl"], row["precision"], row["batch"], f"{rate:.2f}",
-                      f"{row['mfu_percent']:.3g}", fmt(memory and memory / 2**30, ".2f"),
-                      fmt(row.get("data_wait_percent"), ".1f"),
-                      fmt(row.get("operators_per_step"), ".0f"), kernels(row),
-                      fmt(row.get("host_ms"), ".2f"), fmt(row.get("gpu_idle_ms"), ".2f"),
-                      fmt(row.get("warmup_seconds"), ".1f")))
-
-print()
-for batch in sorted({row["batch"] for row in rows}):
-    done = {r["impl"] + "/" + r["precision"]: r["samples_per_second"] for r in rows
-            if r["batch"] == batch and r.get("samples_per_second")}
-    eager = next((v for k, v in done.items() if k.startswith("pytorch-eager/")), None)
-    compiled = {k.split("/")[0][len("pytorch-compile-"):]: v for k, v in done.items()
-                if k.startswith("pytorch-compile-")}
-    for impl in ("vqa-hpc", "vqa-hpc-graph"):
-        ours = done.get(impl + "/bf16")
-        if impl == "vqa-hpc-graph" and not ours:
-            continue
-        parts = [f"batch {batch}: {impl} bf16 / PyTorch eager = "
-                 + (f"{ours / eager:.2f}" if ours and eager else "n/a")]
-        if compiled:
-            mode = max(compiled, key=compiled.get)
-            parts.append(f"/ best torch.compile ({mode}) = "
-                         + (f"{ours / compiled[mode]:.2f}" if ours else "n/a"))
-        else:
-            parts.append("/ torch.compile: no row ran")
-        print("; ".join(parts))
-    crop = next((r for r in rows if r["batch"] == batch and r["impl"] == "vqa-hpc-crop"
-                 and r.get("data_wait_percent") is not None), None)
-    if crop:
-        print(f"batch {batch}: with --augment resized-crop the data wait is "
-              f"{crop['data_wait_percent']:.1f}% of the step ({crop['samples_per_second']:.1f} "
-              f"samples/s)")
-for row in rows:
-    if row.get("steps") is not None and row["steps"] < int(steps):
-        print(f"{row['impl']} {row['precision']} batch {row['batch']}: {row['steps']} timed "
-              f"steps, not {steps} (the dataset has fewer questions)")
-print(f"model FLOPs per trained sample: {train_flops / 1e9:.4g} G (forward x3, {max_len} question "
-      f"tokens); {parameters} parameters in both models")
-EOF
-
-{
-  echo "# vqa-hpc and PyTorch on one $where, one rank: preset $preset, ${image_size} px, questions padded to $question_length tokens, $steps timed steps (vqa_train: its second epoch; PyTorch: after $warmup warm-up steps)"
-  echo "# vqa_train: $build/vqa_train; fp32 without TF32 in matrix products (its default, LibTorch's)"
-  echo "# PyTorch $torch_version: $torch_note$torch_compile_note"
-  [[ $device == cpu ]] && echo "# CPU dry run: vqa_train's autocast is GPU-only, so every row computes in float32; MFU against $peak_tflops TFLOP/s means nothing here"
-  echo "# samples/s: batch / median step time; MFU against $peak_tflops TFLOP/s; ops/step, kernels/step, host_ms (inside host operators), gpu_idle_ms: 2 steps under the profiler; kernels/step, gpu_idle_ms on a GPU only"
-  cat "$work/table.txt"
-} >"$out_dir/table.txt"
+  {
+    echo "# vqa-hpc and PyTorch on one $where, one rank: preset $preset, ${image_size} px, questions padded to $question_length tokens, $steps timed steps (vqa_train: its second epoch; PyTorch: after $warmup warm-up steps)"
+    echo "# vqa_train: $build/vqa_train; fp32 without TF32 in matrix products (its default, LibTorch's)"
+    echo "# PyTorch $torch_version: $torch_note$torch_compile_note"
+    [[ $device == cpu ]] && echo "# CPU dry run: vqa_train's autocast is GPU-only, so every row computes in float32; MFU against $peak_tflops TFLOP/s means nothing here"
+    echo "# samples/s: batch / median step time; MFU against $peak_tflops TFLOP/s; ops/step, kernels/step, host_ms (inside host operators), gpu_idle_ms: 2 steps under the profiler; kernels/step, gpu_idle_ms on a GPU only"
+    cat "$work/table.txt"
+  } >"$out_dir/table.txt"
 }
 
 batch=${batches[0]}  # ddp_setup's --batch-per-rank; each run gives its own after it
