@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,12 +48,23 @@ std::vector<std::pair<torch::Tensor, int>> grouped_parameters(model::M3AE& model
     return grouped;
   }
   auto parameters = model->named_parameters();
+  // A parameter filled from several of M3AE's tensors (BERT's query, key and
+  // value weights packed into one in_weight) is listed once per tensor: it
+  // joins its group once, and every tensor must name the same group.
+  std::map<std::string, int> group_of;
   for (const auto& [name, source] : model::m3ae_parameter_sources(model)) {
     const std::string& m3ae = source.name;
     const bool head = m3ae_is_head(m3ae);
     const bool multi_modal = m3ae.find("multi_modal") != std::string::npos;
     const int part = head ? 2 : multi_modal ? 1 : 0;
-    grouped.emplace_back(parameters[name], part * 2 + (m3ae_no_decay(m3ae) ? 1 : 0));
+    const int group = part * 2 + (m3ae_no_decay(m3ae) ? 1 : 0);
+    const auto [known, added] = group_of.emplace(name, group);
+    if (added) {
+      grouped.emplace_back(parameters[name], group);
+    } else if (known->second != group) {
+      throw std::logic_error("the m3ae recipe puts parts of " + name + " in two groups (from " +
+                             m3ae + ")");
+    }
   }
   return grouped;
 }

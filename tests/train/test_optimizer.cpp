@@ -175,15 +175,15 @@ TEST(Optimizer, M3aeRecipeGroupsByM3aeNames) {
   const std::vector<std::tuple<std::string, double, double>> expected = {
       // modality_type_embeddings has no "multi_modal" in its name: lr x1.
       {"fusion.modality_type_embeddings.weight", 1, 0.01},
-      {"fusion.text_layers.0.cross_attention.query.weight", 5, 0.01},
-      {"fusion.text_layers.0.feed_forward_norm.weight", 5, 0.0},  // ...output.LayerNorm.weight
-      {"head.text_pooler.weight", 5, 0.01},                       // multi_modal_language_pooler
-      {"head.dense.weight", 50, 0.01},                            // vqa_head.0
-      {"head.norm.weight", 50, 0.01},                             // vqa_head.1.weight: decayed
+      {"fusion.text_layers.0.cross_attention.in_weight", 5, 0.01},  // query, key, value weights
+      {"fusion.text_layers.0.feed_forward_norm.weight", 5, 0.0},    // ...output.LayerNorm.weight
+      {"head.text_pooler.weight", 5, 0.01},                         // multi_modal_language_pooler
+      {"head.dense.weight", 50, 0.01},                              // vqa_head.0
+      {"head.norm.weight", 50, 0.01},                               // vqa_head.1.weight: decayed
       {"head.norm.bias", 50, 0.0},
       {"vision.input_norm.weight", 1, 0.01},  // CLIP's ln_pre.weight: decayed
       {"vision.position_embeddings", 1, 0.01},
-      {"vision.blocks.0.attention.query.bias", 1, 0.0},  // in_proj_bias
+      {"vision.blocks.0.attention.query_bias", 1, 0.0},  // in_proj_bias
       {"text.embedding_norm.weight", 1, 0.0},            // embeddings.LayerNorm.weight
       {"text.token_type_embeddings.weight", 1, 0.01},
   };
