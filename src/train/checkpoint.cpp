@@ -11,8 +11,9 @@
 #include <stdexcept>
 #include <vector>
 
-#include "runtime/check.h"      // fatal_user_error
-#include "util/durable_file.h"  // DurableFileWriter, write_file_atomically, crc32_update
+#include "runtime/check.h"             // fatal_user_error
+#include "train/checkpoint_weights.h"  // load_module_weights
+#include "util/durable_file.h"         // DurableFileWriter, write_file_atomically, crc32_update
 
 namespace fs = std::filesystem;
 
@@ -443,37 +444,14 @@ void read_archive(const std::string& path, const std::string& bytes, const torch
 // buckets, their autograd hooks and the optimiser hold those objects, and
 // LibTorch's load would replace a tensor's data when the saved device or
 // dtype differs. A shape that differs is an error naming the tensor.
-void load_module_in_place(torch::serialize::InputArchive& archive, torch::nn::Module& module,
-                          const std::string& prefix) {
-  torch::NoGradGuard no_grad;
-  const auto copy_into = [&](const std::string& key, torch::Tensor& tensor, bool is_buffer) {
-    torch::Tensor saved;
-    archive.read(key, saved, is_buffer);
-    if (saved.sizes() != tensor.sizes()) {
-      std::ostringstream text;
-      text << "tensor " << prefix << key << " has shape " << saved.sizes() << ", the model's is "
-           << tensor.sizes();
-      throw std::runtime_error(text.str());
-    }
-    tensor.copy_(saved);
-  };
-  for (auto& item : module.named_parameters(/*recurse=*/false)) {
-    copy_into(item.key(), item.value(), /*is_buffer=*/false);
-  }
-  for (auto& item : module.named_buffers(/*recurse=*/false)) {
-    copy_into(item.key(), item.value(), /*is_buffer=*/true);
-  }
-  for (const auto& child : module.named_children()) {
-    torch::serialize::InputArchive child_archive;
-    archive.read(child.key(), child_archive);
-    load_module_in_place(child_archive, *child.value(), prefix + child.key() + ".");
-  }
-}
-
-void load_model_in_place(torch::serialize::InputArchive& archive, model::M3AE& model) {
+// The model's weights; the number of attentions read in the layout before
+// packed q/k/v (checkpoint_weights.h).
+int64_t load_model_in_place(torch::serialize::InputArchive& archive, model::M3AE& model) {
   torch::serialize::InputArchive model_archive;
   archive.read("model", model_archive);
-  load_module_in_place(model_archive, *model, "");
+  int64_t legacy_attentions = 0;
+  load_module_weights(model_archive, *model, "", legacy_attentions);
+  return legacy_attentions;
 }
 
 }  // namespace
@@ -482,7 +460,14 @@ void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& 
                      TrainState& state, RunLog& log) {
   const std::string bytes = read_verified(path, log);
   read_archive(path, bytes, model_device(model), [&](torch::serialize::InputArchive& archive) {
-    load_model_in_place(archive, model);
+    if (load_model_in_place(archive, model) > 0) {
+      throw std::runtime_error(
+          "it was written before each attention packed its query, key and value weights into "
+          "one in_weight: its weights load (--init-from " +
+          path +
+          " starts a new run from "
+          "them), its optimiser state does not, so the run cannot resume from it");
+    }
     torch::serialize::InputArchive optimizer_archive;
     archive.read("optimizer", optimizer_archive);
     optimizer.adamw().load(optimizer_archive);
@@ -492,9 +477,15 @@ void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& 
 
 void checkpoint_load_model(const std::string& path, model::M3AE& model, RunLog& log) {
   const std::string bytes = read_verified(path, log);
+  int64_t legacy_attentions = 0;
   read_archive(path, bytes, model_device(model), [&](torch::serialize::InputArchive& archive) {
-    load_model_in_place(archive, model);
+    legacy_attentions = load_model_in_place(archive, model);
   });
+  if (legacy_attentions > 0) {
+    log.info(path + ": " + std::to_string(legacy_attentions) +
+             " attentions read from separate query, key and value weights (the layout "
+             "before packed attention)");
+  }
 }
 
 }  // namespace vqa::train
