@@ -10,27 +10,10 @@
 #include <string>
 
 #include "model/m3ae.h"                // M3AE
-#include "model/model_config.h"        // model_config_preset
+#include "tiny_m3ae.h"                 // tiny_m3ae_model
 #include "train/checkpoint_weights.h"  // load_module_weights
 
 namespace {
-
-vqa::model::M3AE small_model(uint64_t seed) {
-  torch::manual_seed(seed);
-  auto config = vqa::model::model_config_preset("base");
-  config.hidden = 16;
-  config.heads = 2;
-  config.ffn = 32;
-  config.vision_layers = 1;
-  config.text_layers = 1;
-  config.fusion_layers = 1;
-  config.image_size = 16;
-  config.patch_size = 8;
-  config.vocab_size = 30;
-  config.max_text_length = 8;
-  config.num_answers = 5;
-  return vqa::model::M3AE(config);
-}
 
 // `module` written as the old layout did: an attention's in_weight rows as
 // the weights of children query, key and value; query_bias and value_bias
@@ -68,14 +51,14 @@ int write_legacy(torch::nn::Module& module, torch::serialize::OutputArchive& arc
 }
 
 TEST(CheckpointWeights, LegacyAttentionLayoutLoadsBitForBit) {
-  vqa::model::M3AE saved = small_model(1);
+  vqa::model::M3AE saved = tiny_m3ae_model(1);
   torch::serialize::OutputArchive archive;
   const int written = write_legacy(*saved, archive);
   ASSERT_GT(written, 0);
   std::ostringstream bytes;
   archive.save_to(bytes);
 
-  vqa::model::M3AE loaded = small_model(2);  // other weights before the load
+  vqa::model::M3AE loaded = tiny_m3ae_model(2);  // other weights before the load
   torch::serialize::InputArchive input;
   std::istringstream in(bytes.str());
   input.load_from(in);
@@ -92,7 +75,7 @@ TEST(CheckpointWeights, LegacyAttentionLayoutLoadsBitForBit) {
 }
 
 TEST(CheckpointWeights, MissingTensorIsNamed) {
-  vqa::model::M3AE saved = small_model(1);
+  vqa::model::M3AE saved = tiny_m3ae_model(1);
   torch::serialize::OutputArchive archive;
   saved->save(archive);
   std::ostringstream bytes;

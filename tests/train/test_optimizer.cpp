@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/m3ae.h"       // M3AE, model_config_preset
+#include "tiny_m3ae.h"        // tiny_m3ae_model
 #include "train/optimizer.h"  // VqaOptimizer, linear_schedule_factor
 #include "train/trainer.h"    // clip_gradient_norm
 
@@ -125,24 +126,6 @@ TEST(Optimizer, FusedCpuStepMatchesLibTorchAdamW) {
   fused.adamw().step();
   reference.adamw().step();
   compare("LibTorch step after fused steps");
-}
-
-// The base preset's structure at a tiny size, for the m3ae recipe.
-vqa::model::M3AE tiny_m3ae_model() {
-  auto config = vqa::model::model_config_preset("base");
-  config.hidden = 16;
-  config.heads = 2;
-  config.ffn = 64;
-  config.vision_layers = 1;
-  config.text_layers = 1;
-  config.fusion_layers = 1;
-  config.image_size = 16;
-  config.patch_size = 8;
-  config.vocab_size = 30;
-  config.max_text_length = 8;
-  config.num_answers = 5;
-  torch::manual_seed(0);
-  return vqa::model::M3AE(config);
 }
 
 // M3AE's set_schedule on M3AE's names: what it decays and which lr it gives,
