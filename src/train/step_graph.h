@@ -1,7 +1,7 @@
 // --cuda-graph: each optimiser step's forward and backward, with the bucket
 // allreduces backward launches (NCCL), replayed as one CUDA graph.
 //
-// A base-size step dispatches about 85,000 operators on the CPU (docs/
+// A base-size step dispatches about 79,000 operators on the CPU (docs/
 // benchmarks.md, "Operators per step"); on a GPU the host's time to launch them is a fixed cost per
 // step that a graph removes. The first kWarmupSteps steps run eagerly (cuBLAS, NCCL and the
 // allocator settle, the optimiser's state is made); the next one is captured on a side stream: its
