@@ -1,9 +1,11 @@
 // One optimiser step (train_step): its micro-steps' batches, forward and
 // backward, eager or as the step's CUDA graph, with the --test-* faults;
 // then the non-finite decision, clipping and the optimiser.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -64,11 +66,26 @@ void timeline_add_collectives(TrainingParts& parts, int64_t global_step) {
   }
 }
 
+// Whether the host batch's questions have padding, read from its mask in
+// host memory (no operator, no wait for a device), so that a batch without
+// padding attends without a mask on a GPU too; nullopt where the mask is not
+// a contiguous int64 host tensor (the model then decides: m3ae.h).
+std::optional<bool> text_padded(const data::Batch& host_batch) {
+  const torch::Tensor& mask = host_batch.attention_mask;
+  if (!mask.defined() || !mask.device().is_cpu() || mask.scalar_type() != torch::kInt64 ||
+      !mask.is_contiguous()) {
+    return std::nullopt;
+  }
+  const int64_t* values = mask.data_ptr<int64_t>();
+  return std::find(values, values + mask.numel(), 0) != values + mask.numel();
+}
+
 // Forward and loss of one micro-step, under autocast on a GPU (without its
-// cache of casts inside a capture: autocast.h).
-torch::Tensor forward_loss(TrainingParts& parts, const data::Batch& batch, bool autocast_cache) {
+// cache of casts inside a capture: autocast.h). padded: text_padded.
+torch::Tensor forward_loss(TrainingParts& parts, const data::Batch& batch, bool autocast_cache,
+                           std::optional<bool> padded = std::nullopt) {
   AutocastScope autocast(parts.device, parts.config.autocast_dtype(), autocast_cache);
-  return vqa_loss(parts.model->forward(batch.images, batch.token_ids, batch.attention_mask),
+  return vqa_loss(parts.model->forward(batch.images, batch.token_ids, batch.attention_mask, padded),
                   batch.targets);
 }
 
@@ -138,7 +155,7 @@ torch::Tensor eager_micro_step(TrainingParts& parts, const FaultInjector& faults
   const int64_t micro_steps = parts.config.accumulation_steps;
   parts.gradients.prepare_backward(/*sync=*/micro == micro_steps - 1,
                                    /*row_ids=*/host_batch.token_ids);
-  torch::Tensor loss = forward_loss(parts, batch, /*autocast_cache=*/true);
+  torch::Tensor loss = forward_loss(parts, batch, /*autocast_cache=*/true, text_padded(host_batch));
   faults.after_forward();
   loss = faults.loss(loss, global_step);
   parts.timer.end_phase(Phase::kForward);
