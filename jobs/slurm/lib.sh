@@ -39,6 +39,37 @@
 #   VQA_SIGNAL_SECONDS  the T of a --signal=B:USR1@T given to sbatch on the
 #                  command line (the job only sees the script's own #SBATCH
 #                  line); used to warn about a time limit shorter than T
+#   VQA_RECOVER_RESTARTS  restarts inside the allocation after a lost node
+#                  (default 0: off; train_multinode.sbatch sets 2)
+#   VQA_RECOVER_MIN_NODES  fewest surviving nodes to restart on (default: half
+#                  the allocation's nodes, rounded up); below it the job is
+#                  requeued instead
+#   VQA_RECOVER_WAIT  srun --wait: seconds srun waits for the other ranks once
+#                  one has ended, before it ends the step (default 30)
+#
+# Recovery inside the allocation (VQA_RECOVER_RESTARTS > 0). A lost node
+# leaves the ranks on the others blocked in a collective; vqa_train's
+# watchdog (--comm-timeout) ends them, srun ends the step VQA_RECOVER_WAIT s
+# after the first rank (plus KillWait: the lost node's tasks never report),
+# mpirun once its daemon on the lost node is gone. The script then asks
+# every node of the allocation for a trivial step (srun --overlap -w NODE
+# true, in parallel, VQA_RECOVER_PROBE_SECONDS each, default 30): the nodes
+# that do not answer are lost. None lost: the failure was something else
+# and the script ends as without recovery. Otherwise it starts vqa_train
+# again on the survivors (--resume auto: the last complete checkpoint),
+# with the same --global-batch: vqa_train turns the missing ranks into
+# gradient accumulation, and the script lowers --batch-per-rank where the
+# global batch would not divide (fewer nodes, same global batch); a global
+# batch that no per-rank batch makes divide falls back to the requeue.
+# --overlap: the lost step never completes on the lost node, so Slurm keeps
+# its resources allocated; without it a new step waits for them. The job
+# needs --no-kill (train_multinode.sbatch has it): without it Slurm ends
+# the whole job when it marks the lost node DOWN. Below
+# VQA_RECOVER_MIN_NODES survivors, or a global batch that cannot be kept,
+# the script requeues the job as for a preemption (which waits in the queue
+# again); after VQA_RECOVER_RESTARTS restarts in one start of the job it
+# ends with the launcher's status. The batch shell runs on the first node:
+# that node lost ends the job (Slurm's --requeue then applies).
 
 # The exit status with which vqa_train reports "stopped on request after
 # writing a checkpoint" (src/runtime/stop_request.h: kExitStopRequested).
@@ -65,21 +96,25 @@ slurm_choose_launcher() {
   esac
 }
 
-# slurm_launch_command LAUNCHER THREADS: fills the array launch_command with
-# the launcher and its flags for one rank per task, THREADS cores each.
+# slurm_launch_command LAUNCHER THREADS [RANKS]: fills the array
+# launch_command with the launcher and its flags for one rank per task,
+# THREADS cores each, RANKS ranks (default: the job's tasks).
 slurm_launch_command() {
-  local launcher=$1 threads=$2
+  local launcher=$1 threads=$2 ranks=${3:-$SLURM_NTASKS}
   if [[ $launcher == srun ]]; then
     # --cpus-per-task again: Slurm 22.05's srun no longer inherits it from
     # sbatch. No --gpu-bind: every rank must see all GPUs of its node, since
     # vqa_train takes GPU <local rank> itself. --kill-on-bad-exit: one rank
     # failing ends the step instead of leaving the others waiting.
     launch_command=(srun "--mpi=${VQA_SRUN_MPI:-pmix}" --kill-on-bad-exit=1
-      "--ntasks=$SLURM_NTASKS" "--cpus-per-task=$threads")
+      "--ntasks=$ranks" "--cpus-per-task=$threads")
+    # A lost node's tasks never report their end: without --wait srun would
+    # wait for them until Slurm marks the node DOWN (SlurmdTimeout).
+    ((${VQA_RECOVER_RESTARTS:-0} > 0)) && launch_command+=("--wait=${VQA_RECOVER_WAIT:-30}")
   else
     # Open MPI reads the nodes and tasks per node from the allocation.
     # PE=threads binds each rank to its own cores, next to each other.
-    launch_command=(mpirun -np "$SLURM_NTASKS" --map-by "slot:PE=$threads" --bind-to core)
+    launch_command=(mpirun -np "$ranks" --map-by "slot:PE=$threads" --bind-to core)
     # Ranks on other nodes get the environment of the srun that started
     # Open MPI's daemons; -x says explicitly what they must see.
     local variable
@@ -158,6 +193,143 @@ slurm_check_time_limit() {
   return 0
 }
 
+# slurm_lost_nodes NODE...: prints the nodes among NODE... that do not run a
+# trivial step (srun --overlap: the failed step may still hold their
+# resources), one a line; asks them all at once.
+slurm_lost_nodes() {
+  local node probes=() pids=() i
+  for node in "$@"; do
+    timeout --kill-after=2 "${VQA_RECOVER_PROBE_SECONDS:-30}" srun --overlap --nodes=1 --ntasks=1 \
+      --ntasks-per-node=1 --cpus-per-task=1 "--nodelist=$node" true >/dev/null 2>&1 &
+    pids+=($!)
+    probes+=("$node")
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[i]}" || echo "${probes[i]}"
+  done
+}
+
+# slurm_resolved_value RUN_DIR KEY: KEY's value in the run's resolved
+# configuration (RUN_DIR/config.ini, written by vqa_train's rank 0).
+slurm_resolved_value() {
+  sed -n "s/^$2 = //p" "$1/config.ini" 2>/dev/null | tail -n 1
+}
+
+# slurm_recovery_batch RUN_DIR RANKS: prints the per-rank batch that keeps
+# the run's global batch on RANKS ranks: the largest that divides
+# global / RANKS and is not above the run's; nothing when none does.
+slurm_recovery_batch() {
+  local global per_rank
+  global=$(slurm_resolved_value "$1" global-batch)
+  per_rank=$(slurm_resolved_value "$1" batch-per-rank)
+  [[ $global =~ ^[0-9]+$ && $per_rank =~ ^[0-9]+$ ]] || return 0
+  ((global % $2 == 0)) || return 0
+  local b
+  for ((b = per_rank; b >= 1; b--)); do
+    ((global / $2 % b == 0)) && echo "$b" && return 0
+  done
+}
+
+# slurm_requeue_job RUN_DIR CONFIG WHY: requeues this job (its next start
+# resumes) while Slurm still has it RUNNING; returns 1 when it does not.
+slurm_requeue_job() {
+  local resume_hint="VQA_RUN_DIR=$1 sbatch ... $2"
+  # While the job is still RUNNING (the time-limit warning, a signal sent on
+  # purpose, a lost node) hand it back to the queue. A job that Slurm is
+  # already ending (COMPLETING: scancel, the time limit itself, a
+  # preemption, which requeues by itself if the site preempts with REQUEUE)
+  # is left to end: Slurm would accept the requeue of a cancelled job and
+  # start it again.
+  local state
+  state=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null | grep -o 'JobState=[A-Z_]*' || true)
+  state=${state#JobState=}
+  if [[ $state != RUNNING ]]; then
+    slurm_log "$3; job $SLURM_JOB_ID is ${state:-in an unknown state}" \
+      "(cancelled, out of time or preempted), so this script does not requeue it;" \
+      "to continue: $resume_hint"
+    return 1
+  fi
+  # Slurm ends this shell as part of the requeue: say it first.
+  slurm_log "$3; requeueing job $SLURM_JOB_ID: its next start resumes from" \
+    "$1/checkpoints/latest"
+  scontrol requeue "$SLURM_JOB_ID" && return 0
+  slurm_log "'scontrol requeue $SLURM_JOB_ID' failed; to continue: $resume_hint"
+  return 1
+}
+
+# slurm_recover RUN_DIR CONFIG: after a failed launch, finds the lost nodes
+# among `nodes` and either sets up the next launch on the survivors (nodes,
+# launch_extra; returns 0) or ends the job: returns 1 to end with the
+# launcher's status, 2 when it requeued the job.
+slurm_recover() {
+  local run_dir=$1 config=$2 lost=() survivors=() node
+  ((recoveries < ${VQA_RECOVER_RESTARTS:-0})) || {
+    ((${VQA_RECOVER_RESTARTS:-0} == 0)) ||
+      slurm_log "no restart left inside the allocation ($recoveries of $VQA_RECOVER_RESTARTS used)"
+    return 1
+  }
+  mapfile -t lost < <(slurm_lost_nodes "${nodes[@]}")
+  if ((${#lost[@]} == 0)); then
+    slurm_log "every node of the allocation answers: not a lost node, no restart"
+    return 1
+  fi
+  for node in "${nodes[@]}"; do
+    [[ " ${lost[*]} " == *" $node "* ]] || survivors+=("$node")
+  done
+  local minimum=${VQA_RECOVER_MIN_NODES:-$(((SLURM_JOB_NUM_NODES + 1) / 2))}
+  local why="lost node(s) ${lost[*]} ($((SECONDS - launched)) s after the launch)"
+  if ((${#survivors[@]} < minimum)); then
+    slurm_requeue_job "$run_dir" "$config" \
+      "$why: ${#survivors[@]} node(s) left, fewer than VQA_RECOVER_MIN_NODES=$minimum" && return 2
+    return 1
+  fi
+  local ranks=$((${#survivors[@]} * tasks_per_node)) per_rank
+  per_rank=$(slurm_recovery_batch "$run_dir" "$ranks")
+  if [[ -z $per_rank ]]; then
+    slurm_requeue_job "$run_dir" "$config" "$why: global batch" \
+      "$(slurm_resolved_value "$run_dir" global-batch) does not divide over $ranks ranks" && return 2
+    return 1
+  fi
+  recoveries=$((recoveries + 1))
+  nodes=("${survivors[@]}")
+  launch_extra=(--batch-per-rank "$per_rank")
+  slurm_log "$why; restart $recoveries of ${VQA_RECOVER_RESTARTS} inside the allocation on" \
+    "${#nodes[@]} node(s) [$(IFS=,; echo "${nodes[*]}")], $ranks rank(s), global batch" \
+    "$(slurm_resolved_value "$run_dir" global-batch) = $ranks x $per_rank x accumulation," \
+    "from the last complete checkpoint"
+  return 0
+}
+
+# slurm_restart_command LAUNCHER: turns launch_command into a launch on
+# `nodes` only, tasks_per_node ranks each (see the recovery notes above).
+slurm_restart_command() {
+  local list
+  list=$(IFS=,; echo "${nodes[*]}")
+  if [[ $1 == srun ]]; then
+    launch_command+=(--overlap "--nodes=${#nodes[@]}" "--ntasks-per-node=$tasks_per_node"
+      "--nodelist=$list")
+  else
+    # The survivors as hosts, and --overlap for the srun through which
+    # mpirun starts its daemons.
+    launch_command+=(-H "${list//,/:$tasks_per_node,}:$tasks_per_node"
+      --mca plm_slurm_args --overlap)
+  fi
+}
+
+# slurm_without_batch_option ARGS...: ARGS without --batch-per-rank and
+# its value (vqa_train refuses an option given twice), into `user_args`.
+slurm_without_batch_option() {
+  user_args=()
+  while (($#)); do
+    case "$1" in
+      --batch-per-rank) shift ;;
+      --batch-per-rank=*) ;;
+      *) user_args+=("$1") ;;
+    esac
+    shift || true
+  done
+}
+
 slurm_train_job() {
   if (($# < 1)); then
     echo "usage: sbatch [sbatch options] jobs/slurm/<script>.sbatch CONFIG.ini [vqa_train options...]" >&2
@@ -197,39 +369,35 @@ slurm_train_job() {
 
   local launcher
   launcher=$(slurm_choose_launcher)
-  local launch_command=()
-  slurm_launch_command "$launcher" "$threads"
-  local command=("${launch_command[@]}" "$train" --config "$config" --out "$run_dir"
-    --resume auto --threads "$threads" "$@")
-  slurm_log "launcher $launcher:$(printf ' %q' "${command[@]}")"
+  local nodes=() tasks_per_node recoveries=0 launch_extra=() user_args=("$@") launched
+  mapfile -t nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:-}" 2>/dev/null)
+  tasks_per_node=$((SLURM_NTASKS / ${SLURM_JOB_NUM_NODES:-1}))
+  while :; do
+    local launch_command=()
+    if ((recoveries == 0)); then
+      slurm_launch_command "$launcher" "$threads"
+    else
+      slurm_launch_command "$launcher" "$threads" $((${#nodes[@]} * tasks_per_node))
+      slurm_restart_command "$launcher"
+    fi
+    local command=("${launch_command[@]}" "$train" --config "$config" --out "$run_dir"
+      --resume auto --threads "$threads" "${user_args[@]}" "${launch_extra[@]}")
+    slurm_log "launcher $launcher:$(printf ' %q' "${command[@]}")"
 
-  slurm_run_forwarding_signals "${command[@]}"
-  slurm_log "$launcher exited with status $launch_status"
+    launched=$SECONDS
+    slurm_run_forwarding_signals "${command[@]}"
+    slurm_log "$launcher exited with status $launch_status"
+    ((launch_status != 0 && launch_status != VQA_EXIT_STOP_REQUESTED)) || break
+    local recovered=0
+    slurm_recover "$run_dir" "$config" || recovered=$?
+    ((recovered == 2)) && return 0
+    ((recovered == 0)) || break
+    slurm_without_batch_option "${user_args[@]}"
+  done
 
   if ((launch_status == VQA_EXIT_STOP_REQUESTED)); then
-    local resume_hint="VQA_RUN_DIR=$run_dir sbatch ... $config"
-    # The ranks checkpointed and stopped on request. While the job is still
-    # RUNNING (the time-limit warning, a signal sent on purpose) hand it back
-    # to the queue. A job that Slurm is already ending (COMPLETING: scancel,
-    # the time limit itself, a preemption, which requeues by itself if the
-    # site preempts with REQUEUE) is left to end: Slurm would accept the
-    # requeue of a cancelled job and start it again.
-    local state
-    state=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null | grep -o 'JobState=[A-Z_]*' || true)
-    state=${state#JobState=}
-    if [[ $state != RUNNING ]]; then
-      slurm_log "checkpoint written; job $SLURM_JOB_ID is ${state:-in an unknown state}" \
-        "(cancelled, out of time or preempted), so this script does not requeue it;" \
-        "to continue: $resume_hint"
-      return "$launch_status"
-    fi
-    # Slurm ends this shell as part of the requeue: say it first.
-    slurm_log "checkpoint written; requeueing job $SLURM_JOB_ID: its next start resumes from" \
-      "$run_dir/checkpoints/latest"
-    if scontrol requeue "$SLURM_JOB_ID"; then
-      return 0
-    fi
-    slurm_log "'scontrol requeue $SLURM_JOB_ID' failed; to continue: $resume_hint"
+    # The ranks checkpointed and stopped on request.
+    slurm_requeue_job "$run_dir" "$config" "checkpoint written" && return 0
   fi
   return "$launch_status"
 }

@@ -16,7 +16,9 @@
 #      the same step, rank 0 writes one stop checkpoint, mpirun exits 75,
 #      the script requeues the job, and the next start resumes and ends
 #      with the uninterrupted run's metrics (tolerance 0);
-#   3. a lost node: mid-epoch 1 (after epoch 0's checkpoint), every process
+#   3. a lost node with recovery inside the allocation off
+#      (VQA_RECOVER_RESTARTS=0; test_multinode_recovery.sh has it on):
+#      mid-epoch 1 (after epoch 0's checkpoint), every process
 #      on host 1 is killed (its slurmd, slurmstepd and rank 1). The
 #      surviving rank ends within 60 s (--comm-timeout 30: its collective
 #      watchdog) with a line naming rank 1 and its host. Slurm then shows
@@ -79,10 +81,14 @@ jobs/launch_local.sh --ranks 2 --threads 1 "$build/vqa_train" --config "$config"
   --out "$work/reference" >"$work/reference.log" 2>&1 ||
   { tail -n 30 "$work/reference.log"; fail "the reference run failed"; }
 
-submit() { # RUN_DIR [LAUNCHER]: prints the job id (launcher srun --mpi=pmix unless named)
+# submit RUN_DIR [LAUNCHER [RESTARTS]]: prints the job id (launcher srun
+# --mpi=pmix unless named; VQA_RECOVER_RESTARTS as the script's default
+# unless given: 0 turns recovery inside the allocation off, as in part 3).
+submit() {
+  local restarts=${3:+,VQA_RECOVER_RESTARTS=$3}
   sbatch --parsable --output="$work/job-%j.out" --nodes=2 --ntasks-per-node=1 \
     --cpus-per-task=1 --gpus-per-node=0 --time=30 \
-    --export="ALL,VQA_LAUNCHER=${2:-srun},VQA_SRUN_MPI=pmix,VQA_BUILD=$build,VQA_RUN_DIR=$1" \
+    --export="ALL,VQA_LAUNCHER=${2:-srun},VQA_SRUN_MPI=pmix,VQA_BUILD=$build,VQA_RUN_DIR=$1$restarts" \
     jobs/slurm/train_multinode.sbatch "$config" "${train_args[@]}"
 }
 
@@ -196,9 +202,9 @@ check_one_stop_checkpoint
 resume_and_compare
 
 # ---- 3. a lost node ---------------------------------------------------------
-stage "lost node: every process on host 1 killed mid-epoch 1"
+stage "lost node: every process on host 1 killed mid-epoch 1 (recovery off)"
 run_dir=$work/run-lost
-job=$(submit "$run_dir")
+job=$(submit "$run_dir" srun 0)
 output=$work/job-$job.out
 wait_for_line "$output" "epoch 1 step 2/" 90
 [[ -f $run_dir/checkpoints/latest ]] || fail "no checkpoint after epoch 0"
