@@ -162,6 +162,15 @@ class Communicator {
   // Every rank's string, in rank order, on every rank (the lengths may
   // differ). Blocks like allreduce_scalar. Main thread only.
   virtual std::vector<std::string> gather_strings(const std::string& value) = 0;
+  // gather_strings for host bytes that no device work produces or reads (a
+  // batch's token ids): ordered after the host collectives launched before
+  // it, not after the device's, so on a GPU the host waits for the other
+  // ranks' hosts only, never for the device (NCCL: no stream drain). Blocks.
+  // Main thread only. The MPI backend's collectives are host work: as
+  // gather_strings.
+  virtual std::vector<std::string> gather_host_strings(const std::string& value) {
+    return gather_strings(value);
+  }
 
   // Where the training loop is (epoch, optimiser step of the run), so that
   // messages about a stuck or failed collective can say when it happened.

@@ -187,6 +187,17 @@ class NcclCommunicator final : public Communicator {
     return result;
   }
 
+  // Host bytes only: nothing on the NCCL stream is read or written, so the
+  // stream is not drained and the host does not wait for the device. Every
+  // rank has queued the same NCCL work before it reaches this call, so a
+  // peer blocked here never holds up a collective another rank waits for.
+  std::vector<std::string> gather_host_strings(const std::string& value) override {
+    const int64_t sequence = tracker_->begin(CollectiveKind::kGather, value.size());
+    auto result = mpi_allgather_strings(MPI_COMM_WORLD, value, tracker_.get());
+    tracker_->end(sequence);
+    return result;
+  }
+
  private:
   void check_buffer(const torch::Tensor& buffer) const {
     VQA_CHECK(buffer.device().is_cuda() && buffer.device().index() == device_,

@@ -177,11 +177,21 @@ void GradientSynchronizer::make_flat_parameters() {
   }
 }
 
-void GradientSynchronizer::prepare_backward(bool sync, const torch::Tensor& row_ids) {
+void GradientSynchronizer::gather_step_rows(const std::vector<torch::Tensor>& row_ids) {
+  if (row_bucket_ < 0) return;
+  VQA_CHECK(!step_open_, "row sync: gather_step_rows inside an optimiser step");
+  local_rows_.clear();
+  for (const auto& ids : row_ids) note_rows(ids);
+  if (communicates_) gather_rows();
+  rows_gathered_ = true;
+}
+
+void GradientSynchronizer::prepare_backward(bool sync) {
   copy_staged_gradients();  // a previous micro-step's, of parameters some bucket still waits for
   if (!step_open_) {        // first micro-step of an optimiser step
+    VQA_CHECK(row_bucket_ < 0 || rows_gathered_,
+              "row sync: gather_step_rows must come before the step's first prepare_backward");
     step_open_ = true;
-    local_rows_.clear();
     std::fill(touched_.begin(), touched_.end(), false);
     next_to_launch_ = 0;
     for (auto& bucket : buckets_) {
@@ -194,10 +204,6 @@ void GradientSynchronizer::prepare_backward(bool sync, const torch::Tensor& row_
     for (auto& parameter : parameters_) parameter.tensor.mutable_grad() = torch::Tensor();
   }
   last_micro_ = sync;
-  if (row_bucket_ < 0) return;
-  VQA_CHECK(row_ids.defined(), "row sync: prepare_backward needs the micro-batch's row ids");
-  note_rows(row_ids);
-  if (sync && communicates_) gather_rows();
 }
 
 void GradientSynchronizer::note_rows(const torch::Tensor& row_ids) {
@@ -214,15 +220,15 @@ void GradientSynchronizer::note_rows(const torch::Tensor& row_ids) {
 }
 
 // The union of every rank's rows of this optimiser step, sorted, so that
-// every rank selects the same rows in the same order. Blocking; nothing of
-// this communicator is in flight between steps.
+// every rank selects the same rows in the same order. Blocks for the other
+// ranks' hosts only: the ids are host bytes, so no device work is waited for.
 void GradientSynchronizer::gather_rows() {
   std::sort(local_rows_.begin(), local_rows_.end());
   local_rows_.erase(std::unique(local_rows_.begin(), local_rows_.end()), local_rows_.end());
   const std::string mine(reinterpret_cast<const char*>(local_rows_.data()),
                          local_rows_.size() * sizeof(int32_t));
   std::vector<int64_t> rows;
-  for (const auto& theirs : comm_.gather_strings(mine)) {
+  for (const auto& theirs : comm_.gather_host_strings(mine)) {
     const auto* ids = reinterpret_cast<const int32_t*>(theirs.data());
     rows.insert(rows.end(), ids, ids + theirs.size() / sizeof(int32_t));
   }
@@ -363,6 +369,7 @@ void GradientSynchronizer::finish_backward() {
     parameters_[i].tensor.mutable_grad() = slot_views_[i];
   }
   step_open_ = false;
+  rows_gathered_ = false;
 }
 
 void GradientSynchronizer::count_sent(int64_t index) {

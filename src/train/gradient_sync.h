@@ -22,11 +22,11 @@
 // Row sync (GradientSyncOptions::row_sync_parameter, the word embedding):
 // that table gets a bucket of its own, and instead of its whole gradient
 // only the rows that some rank's batches touched in this optimiser step are
-// averaged (the union of every rank's token ids, one small gather before the
-// step's last forward); every other row's gradient is exactly zero on every
-// rank, so its average is the zero already there. The result equals the
-// dense average (the same sums, element by element), with rows x width
-// values sent instead of the table's.
+// averaged (the union of every rank's token ids, one small host-only gather
+// before the step's first forward: gather_step_rows); every other row's
+// gradient is exactly zero on every rank, so its average is the zero already
+// there. The result equals the dense average (the same sums, element by
+// element), with rows x width values sent instead of the table's.
 //
 // Sharded optimiser state (GradientSyncOptions::shard, ZeRO-1): every bucket
 // but the row bucket is padded to a multiple of the rank count and split
@@ -68,7 +68,7 @@ struct GradientSyncOptions {
   bool bf16 = false;            // send gradients as bfloat16
   bool skip_allreduce = false;  // benchmarks of exposed communication only: no communication
   // The parameter synchronised by rows (a table [rows, width] indexed by the
-  // ids given to prepare_backward); empty: none, every parameter is dense.
+  // ids given to gather_step_rows); empty: none, every parameter is dense.
   std::string row_sync_parameter;
   // Rows expected per step before the first one is seen (bucket_bytes()).
   int64_t row_sync_expected_rows = 0;
@@ -122,10 +122,18 @@ class GradientSynchronizer {
   // The first micro-step of an optimiser step drops every param.grad(), so
   // that autograd hands its fresh gradient over without adding it to last
   // step's: the buckets are where gradients accumulate. With row sync,
-  // `row_ids` (integer, on the host, any shape: the micro-batch's token ids)
-  // are the rows this micro-step's forward reads; on the sync micro-step the
-  // ranks gather their steps' rows (collective; call before the forward).
-  void prepare_backward(bool sync, const torch::Tensor& row_ids = {});
+  // gather_step_rows comes first in each optimiser step.
+  void prepare_backward(bool sync);
+
+  // Row sync: once per optimiser step, before its first prepare_backward and
+  // forward, with every micro-batch's row ids (integer, on the host, any
+  // shape: the token ids), the rows the step's forwards read. The ranks'
+  // rows are gathered here (collective: gather_host_strings, host bytes
+  // only), so on a GPU the host never waits for the device for them, and
+  // from the step's first forward to its optimiser the synchronizer makes
+  // no blocking host call (the buckets' collectives are launched and
+  // waited for as device work). A no-op without row sync.
+  void gather_step_rows(const std::vector<torch::Tensor>& row_ids);
 
   // After the backward of a sync micro-step: zeros the slots of parameters
   // that got no gradient in this optimiser step (their names are reported
@@ -224,7 +232,7 @@ class GradientSynchronizer {
   void count_sent(int64_t index);  // the bucket's bytes into stats_
   void note_rows(const torch::Tensor& row_ids);
   void make_flat_parameters();
-  void gather_rows();
+  void gather_rows();  // local_rows_ of every rank into row_index_
   void copy_staged(Bucket& bucket);
   void copy_staged_gradients();  // every bucket's
   torch::Tensor owned_gradient_sums() const;
@@ -249,7 +257,8 @@ class GradientSynchronizer {
   std::vector<double> last_ready_before_end_;  // per bucket, of the last finish_backward()
   int64_t row_bucket_ = -1;                    // index into buckets_, or -1
   std::vector<int32_t> local_rows_;            // this optimiser step's row ids on this rank
-  torch::Tensor row_index_;  // the union over ranks, int64 on the parameters' device
+  torch::Tensor row_index_;     // the union over ranks, int64 on the parameters' device
+  bool rows_gathered_ = false;  // gather_step_rows ran for the step now open or next
 };
 
 // Copies rank 0's parameters and buffers to every rank (call once at start,

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "runtime/check.h"   // fatal_user_error
 #include "train/autocast.h"  // AutocastScope
@@ -153,8 +154,7 @@ torch::Tensor eager_micro_step(TrainingParts& parts, const FaultInjector& faults
     if (!note.empty()) parts.log.info(note);
   }
   const int64_t micro_steps = parts.config.accumulation_steps;
-  parts.gradients.prepare_backward(/*sync=*/micro == micro_steps - 1,
-                                   /*row_ids=*/host_batch.token_ids);
+  parts.gradients.prepare_backward(/*sync=*/micro == micro_steps - 1);
   torch::Tensor loss = forward_loss(parts, batch, /*autocast_cache=*/true, text_padded(host_batch));
   faults.after_forward();
   loss = faults.loss(loss, global_step);
@@ -177,11 +177,7 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
   parts.timer.begin_step(state.global_step);
   auto step_loss = torch::zeros_like(loss_sum);
   int64_t step_samples = 0;
-  data::Batch host_batch;
-  // With a CUDA graph (one micro-step per step, step_graph_plan) the step's
-  // forward, backward and averaging ran as the graph, finish_backward included.
-  bool graph_ran = false;
-  for (int64_t micro = 0; micro < config.accumulation_steps; ++micro) {
+  const auto take_batch = [&](data::Batch& host_batch) {
     faults.before_batch();
     if (!next_batch_or_exit(loader, host_batch)) {
       runtime::fatal_user_error("the train loader ran out of batches at epoch " +
@@ -189,6 +185,28 @@ int64_t train_step(TrainingParts& parts, data::ShardedLoader& loader, int64_t ep
                                 std::to_string(state.global_step));
     }
     parts.timer.end_phase(Phase::kDataWait);
+  };
+  // Row sync: every micro-batch is taken before the first forward and the
+  // ranks' rows are gathered (host bytes over MPI, no wait for the device),
+  // so that nothing between the step's first forward and its optimiser
+  // waits on the host for the other ranks.
+  const bool rows_first = parts.gradients.row_sync();
+  std::vector<data::Batch> host_batches(rows_first ? config.accumulation_steps : 1);
+  if (rows_first) {
+    std::vector<torch::Tensor> row_ids;
+    for (auto& host_batch : host_batches) {
+      take_batch(host_batch);
+      row_ids.push_back(host_batch.token_ids);
+    }
+    parts.gradients.gather_step_rows(row_ids);
+    parts.timer.end_phase(Phase::kCommExposed);
+  }
+  // With a CUDA graph (one micro-step per step, step_graph_plan) the step's
+  // forward, backward and averaging ran as the graph, finish_backward included.
+  bool graph_ran = false;
+  for (int64_t micro = 0; micro < config.accumulation_steps; ++micro) {
+    data::Batch& host_batch = host_batches[rows_first ? micro : 0];
+    if (!rows_first) take_batch(host_batch);
     const bool replay = parts.graph && parts.graph->replayable(host_batch);
     const data::Batch batch =
         parts.copy ? parts.copy->to_device(host_batch) : batch_to_device(host_batch, parts.device);
