@@ -4,7 +4,10 @@
 // waiting for the prefetch thread. Run it under mpirun like the job. With
 // --augment resized-crop it times the random resized crop too (a file with
 // source images: vqa_prep synth --source-size, convert --keep-source-images);
-// --compute-ms 0 measures how fast the data path alone can go.
+// --compute-ms 0 measures how fast the data path alone can go. With
+// --images-as-bytes the loader hands out the stored uint8 pixels, as vqa_train's
+// loader does for a CUDA device (normalised there); without it, float32
+// normalised on the host, as for the CPU.
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -26,6 +29,7 @@ struct BenchOptions {
   int64_t epochs = 2;
   vqa::data::Augment augment = vqa::data::Augment::kNone;
   int augment_threads = 1;
+  bool images_as_bytes = false;
 };
 
 // Returns false after printing --help.
@@ -44,7 +48,10 @@ bool parse_options(int argc, char** argv, int rank, BenchOptions& options) {
                   "scale 0.9..1, ratio 3/4..4/3)",
                   vqa::data::kAugmentNames)
       .add("augment-threads", &options.augment_threads, "crop threads per rank",
-           vqa::util::Range{1, 1024});
+           vqa::util::Range{1, 1024})
+      .add("images-as-bytes", &options.images_as_bytes,
+           "hand out uint8 pixels, as vqa_train does for a CUDA device (false: float32 "
+           "normalised on the host, as for the CPU)");
   try {
     if (table.parse(argc, argv)) return true;
   } catch (const vqa::util::OptionError& e) {
@@ -63,7 +70,7 @@ int main(int argc, char** argv) {
   if (!parse_options(argc, argv, rank.rank, options)) return 0;
   auto comm = vqa::runtime::communicator_create(vqa::runtime::Backend::kMpi, torch::kCPU);
   double elapsed = 0.0, wait = 0.0;
-  int64_t samples = 0, steps = 0, dataset_size = 0, image_size = 0;
+  int64_t samples = 0, steps = 0, dataset_size = 0, image_size = 0, image_bytes = 0;
   try {
     vqa::data::LoaderOptions loader_options;
     loader_options.batch_per_rank = options.batch;
@@ -72,6 +79,7 @@ int main(int argc, char** argv) {
     loader_options.world_size = rank.world_size;
     loader_options.random_resized_crop = options.augment == vqa::data::Augment::kResizedCrop;
     loader_options.augment_threads = options.augment_threads;
+    loader_options.images_as_bytes = options.images_as_bytes;
     vqa::data::ShardedLoader loader(options.data, options.split, loader_options);
     dataset_size = loader.info().num_questions;
     image_size = loader.info().image_size;
@@ -85,6 +93,7 @@ int main(int argc, char** argv) {
       while (loader.next(batch)) {
         std::this_thread::sleep_for(compute);  // the model step
         if (epoch > 0) samples += batch.size(), ++steps;
+        image_bytes = batch.images.nbytes() / batch.size();
       }
       if (epoch > 0) {
         elapsed += vqa::util::seconds_since(start);
@@ -109,6 +118,9 @@ int main(int argc, char** argv) {
         static_cast<long>(options.epochs), static_cast<long>(steps), total_samples / slowest,
         100.0 * worst_wait / slowest, steps ? 1e3 * worst_wait / steps : 0.0);
     const double per_rank = total_samples / slowest / rank.world_size;
+    std::printf("images as %s: %ld host bytes per sample\n",
+                options.images_as_bytes ? "uint8 bytes" : "float32",
+                static_cast<long>(image_bytes));
     if (options.augment == vqa::data::Augment::kResizedCrop) {
       std::printf(
           "random resized crop to %ld px on %d crop thread(s) per rank: %.1f samples/s per rank, "

@@ -101,6 +101,22 @@ torch::Tensor positions_in(const std::vector<int64_t>& values, const std::vector
 
 }  // namespace
 
+torch::Tensor normalise_pixels(const torch::Tensor& pixels, const torch::Tensor& mean,
+                               const torch::Tensor& std) {
+  const auto on_pixels = torch::TensorOptions().dtype(torch::kFloat32).device(pixels.device());
+  const auto scale = torch::full({}, 255.0f, on_pixels);
+  return pixels.to(torch::kFloat32)
+      .div_(scale)
+      .sub_(mean.to(on_pixels).view({1, 3, 1, 1}))
+      .div_(std.to(on_pixels).view({1, 3, 1, 1}));
+}
+
+void batch_normalise_images(Batch& batch) {
+  if (!batch.images.defined() || batch.images.scalar_type() != torch::kUInt8) return;
+  batch.images = normalise_pixels(batch.images, batch.image_mean, batch.image_std);
+  batch.image_mean = batch.image_std = torch::Tensor();
+}
+
 void batch_trim_text_padding(Batch& batch) {
   if (!batch.attention_mask.defined() || batch.attention_mask.dim() != 2) return;
   const int64_t width = batch.attention_mask.size(1);
@@ -119,17 +135,21 @@ namespace {
 void pin_batch(Batch& batch) {
   for (torch::Tensor* tensor :
        {&batch.images, &batch.token_ids, &batch.attention_mask, &batch.targets, &batch.answer_type,
-        &batch.question_ids, &batch.question_type, &batch.valid}) {
+        &batch.question_ids, &batch.question_type, &batch.valid, &batch.image_mean,
+        &batch.image_std}) {
     if (tensor->defined()) *tensor = tensor->pin_memory();
   }
 }
 
-// Pixel values to the model's input: (pixel / 255 - mean) / std, per channel.
-torch::Tensor normalise_pixels(const torch::Tensor& pixels, const DatasetInfo& info) {
-  auto mean =
-      torch::tensor(info.image_mean, torch::kFloat64).to(torch::kFloat32).view({1, 3, 1, 1});
-  auto std = torch::tensor(info.image_std, torch::kFloat64).to(torch::kFloat32).view({1, 3, 1, 1});
-  return pixels.to(torch::kFloat32).div_(255.0f).sub_(mean).div_(std);
+// The file's per-channel mean or std as normalise_pixels takes them.
+torch::Tensor channel_values(const std::vector<double>& values) {
+  return torch::tensor(values, torch::kFloat64).to(torch::kFloat32);
+}
+
+// An empty uint8 [count,3,size,size], page-locked when `pin`.
+torch::Tensor empty_pixels(int64_t count, int64_t size, bool pin) {
+  return torch::empty({count, 3, size, size},
+                      torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(pin));
 }
 
 // A batch's questions with their images still to come: image_rows[i] is
@@ -181,8 +201,10 @@ QuestionBatch read_questions(DatasetReader& reader, const std::vector<int64_t>& 
   return result;
 }
 
-// The stored images (pixels or features) of each sample, read once per distinct image.
-torch::Tensor read_images(DatasetReader& reader, const std::vector<int64_t>& image_rows) {
+// The stored images of each sample, read once per distinct image: features
+// float32 [B,T,D], or pixels as stored, uint8 [B,3,S,S] (gathered straight
+// into pinned memory when `pin`).
+torch::Tensor read_images(DatasetReader& reader, const std::vector<int64_t>& image_rows, bool pin) {
   const DatasetInfo& info = reader.info();
   const std::vector<int64_t> unique_images = sorted_unique(image_rows);
   const auto image_order = positions_in(image_rows, unique_images);
@@ -195,9 +217,11 @@ torch::Tensor read_images(DatasetReader& reader, const std::vector<int64_t>& ima
   }
   const int64_t size = info.image_size;
   auto pixels = reader.read_pixels(unique_images);
-  return normalise_pixels(torch::from_blob(pixels.data(), {ui, 3, size, size}, torch::kUInt8)
-                              .index_select(0, image_order),
-                          info);
+  auto images = empty_pixels(image_order.size(0), size, pin);
+  torch::index_select_out(images,
+                          torch::from_blob(pixels.data(), {ui, 3, size, size}, torch::kUInt8),
+                          /*dim=*/0, image_order);
+  return images;
 }
 
 // A batch whose images are still to be cut from their sources (off the I/O thread).
@@ -230,21 +254,15 @@ struct CropJob {
 };
 
 // Sample i's image: the crop of its source drawn from (seed, epoch, rows[i]),
-// resized to the file's size and normalised as normalise_pixels does (the
-// same float operations in the same order), each thread writing its samples
-// straight into the batch. Samples are dealt to job.threads threads (this
-// one included).
+// resized to the file's size, as uint8 [B,3,S,S] like the stored images
+// (page-locked when `pin`), each thread writing its samples straight into
+// the batch. Samples are dealt to job.threads threads (this one included).
 torch::Tensor crop_images(const SourceBatch& raw, const std::vector<int64_t>& rows,
-                          const DatasetInfo& info, const CropJob& job) {
+                          const DatasetInfo& info, const CropJob& job, bool pin) {
   const auto count = static_cast<int64_t>(rows.size());
   const int64_t size = info.image_size, plane = size * size;
-  auto images = torch::empty({count, 3, size, size}, torch::kFloat32);
-  float* out = images.data_ptr<float>();
-  float mean[3], std[3];
-  for (size_t c = 0; c < 3; ++c) {
-    mean[c] = static_cast<float>(info.image_mean[c]);
-    std[c] = static_cast<float>(info.image_std[c]);
-  }
+  auto images = empty_pixels(count, size, pin);
+  uint8_t* out = images.data_ptr<uint8_t>();
   const int threads =
       static_cast<int>(std::clamp<int64_t>(job.threads, 1, std::max<int64_t>(1, count)));
   std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
@@ -258,10 +276,8 @@ torch::Tensor crop_images(const SourceBatch& raw, const std::vector<int64_t>& ro
             image_crop_resize_bicubic(source.rgb.data(), source.width, source.height, 3, box,
                                       static_cast<int>(size), static_cast<int>(size));
         for (int64_t c = 0; c < 3; ++c) {
-          float* channel = out + (i * 3 + c) * plane;
-          for (int64_t p = 0; p < plane; ++p) {
-            channel[p] = (static_cast<float>(pixels[3 * p + c]) / 255.0f - mean[c]) / std[c];
-          }
+          uint8_t* channel = out + (i * 3 + c) * plane;
+          for (int64_t p = 0; p < plane; ++p) channel[p] = pixels[3 * p + c];
         }
       }
     } catch (...) {
@@ -278,10 +294,22 @@ torch::Tensor crop_images(const SourceBatch& raw, const std::vector<int64_t>& ro
   return images;
 }
 
-// Trim and pin as the options ask: the last touches of every batch.
-Batch finish_batch(Batch batch, bool trim, bool pin) {
-  if (trim) batch_trim_text_padding(batch);
-  if (pin) pin_batch(batch);
+// What every batch's last touches need to know.
+struct Finish {
+  bool trim = false, pin = false, bytes = false;
+  torch::Tensor mean, std;  // the file's, float32 [3]
+};
+
+// Pixels normalised here or left as bytes with the file's mean and std,
+// then trimmed and pinned, as the options ask.
+Batch finish_batch(Batch batch, const Finish& finish) {
+  if (batch.images.defined() && batch.images.scalar_type() == torch::kUInt8) {
+    batch.image_mean = finish.mean;
+    batch.image_std = finish.std;
+    if (!finish.bytes) batch_normalise_images(batch);
+  }
+  if (finish.trim) batch_trim_text_padding(batch);
+  if (finish.pin) pin_batch(batch);
   return batch;
 }
 
@@ -383,13 +411,16 @@ void ShardedLoader::submit(int64_t step) {
   std::vector<float> valid;
   valid.reserve(rows.size());
   for (int64_t i = begin; i < end; ++i) valid.push_back(i < padding_start ? 1.0f : 0.0f);
-  const bool pin = options_.pin_memory, trim = options_.trim_text_padding;
+  const Finish finish{options_.trim_text_padding, options_.pin_memory, options_.images_as_bytes,
+                      channel_values(info_.image_mean), channel_values(info_.image_std)};
+  // Float32 images are pinned after the normalisation; bytes are gathered into pinned memory.
+  const bool pin_bytes = finish.pin && finish.bytes;
   if (!options_.random_resized_crop) {
     in_flight_.push_back(Hdf5IoThread::instance().submit(
-        [reader = reader_, rows = std::move(rows), valid = std::move(valid), pin, trim] {
+        [reader = reader_, rows = std::move(rows), valid = std::move(valid), finish, pin_bytes] {
           QuestionBatch read = read_questions(*reader, rows, valid);
-          read.batch.images = read_images(*reader, read.image_rows);
-          return finish_batch(std::move(read.batch), trim, pin);
+          read.batch.images = read_images(*reader, read.image_rows, pin_bytes);
+          return finish_batch(std::move(read.batch), finish);
         }));
     return;
   }
@@ -402,8 +433,8 @@ void ShardedLoader::submit(int64_t step) {
   if (!crop_gate_) crop_gate_ = std::make_shared<CropGate>();
   in_flight_.push_back(std::async(
       std::launch::async,
-      [reading = std::move(reading), rows = std::move(rows), job, reader = reader_, pin, trim,
-       gate = crop_gate_, ticket = crop_tickets_++]() mutable {
+      [reading = std::move(reading), rows = std::move(rows), job, reader = reader_, finish,
+       pin_bytes, gate = crop_gate_, ticket = crop_tickets_++]() mutable {
         std::exception_ptr failed;
         SourceBatch raw;
         try {
@@ -414,8 +445,8 @@ void ShardedLoader::submit(int64_t step) {
         const CropGate::Turn turn(*gate, ticket);  // every ticket takes its turn, failed or not
         if (failed) std::rethrow_exception(failed);
         // info() is plain data fixed at open: reading it off the I/O thread is safe.
-        raw.questions.batch.images = crop_images(raw, rows, reader->info(), job);
-        return finish_batch(std::move(raw.questions.batch), trim, pin);
+        raw.questions.batch.images = crop_images(raw, rows, reader->info(), job, pin_bytes);
+        return finish_batch(std::move(raw.questions.batch), finish);
       }));
 }
 

@@ -38,8 +38,10 @@ namespace vqa::data {
 
 // One batch; all CPU tensors, B rows.
 struct Batch {
-  torch::Tensor
-      images;  // float32 [B,3,H,W] normalised with the file's mean/std, or features float32 [B,T,D]
+  // float32 [B,3,H,W] normalised with the file's mean/std, or features float32
+  // [B,T,D]; with LoaderOptions::images_as_bytes the stored pixels, uint8
+  // [B,3,H,W], that batch_normalise_images turns into the former.
+  torch::Tensor images;
   torch::Tensor token_ids;       // int64 [B,L]
   torch::Tensor attention_mask;  // int64 [B,L], 1 for real tokens, 0 for padding
   torch::Tensor
@@ -48,6 +50,9 @@ struct Batch {
   torch::Tensor question_ids;   // int64 [B]
   torch::Tensor question_type;  // int64 [B]: code into DatasetInfo::question_types, -1 unknown
   torch::Tensor valid;  // float32 [B]: 1 for a real sample, 0 for a wrap-around padding sample
+  // float32 [3]: the file's per-channel mean and std, defined only while
+  // `images` holds bytes (on the same device as `images`).
+  torch::Tensor image_mean, image_std;
   int64_t size() const { return question_ids.defined() ? question_ids.size(0) : 0; }
 };
 
@@ -65,6 +70,12 @@ struct LoaderOptions {
   // pinned blocks come from LibTorch's caching host allocator, which reuses
   // them batch after batch once the copies from them have finished.
   bool pin_memory = false;
+  // Hand out the pixels as the file stores them, uint8 [B,3,H,W] (4x fewer
+  // bytes than float32 to pin and copy, and no float pass on the host), with
+  // the file's mean and std beside them: the consumer normalises on its
+  // device (batch_normalise_images; the job's batch_to_device does). The
+  // job turns it on for CUDA devices. Features are float32 either way.
+  bool images_as_bytes = false;
   // Drop the text columns past every row's last real token (the batch's
   // longest question, at least one column), so that the model computes
   // nothing on padding; its outputs do not change beyond float rounding
@@ -142,6 +153,20 @@ class ShardedLoader {
 // LoaderOptions::trim_text_padding on one batch: token_ids and
 // attention_mask cut to the longest row's real tokens (at least one column).
 void batch_trim_text_padding(Batch& batch);
+
+// Pixel values to the model's input, per channel: pixel / 255 - mean, then
+// / std, in float32 on the pixels' device (mean and std: float32 [3] there
+// too). The job's one normalisation: the loader's float32 batches and the
+// device's uint8 ones (images_as_bytes) both come through here, so they
+// agree bit for bit. Every operand is a tensor on the pixels' device: CUDA
+// divides by a CPU scalar through its reciprocal, which rounds differently.
+torch::Tensor normalise_pixels(const torch::Tensor& pixels, const torch::Tensor& mean,
+                               const torch::Tensor& std);
+
+// A batch whose images are bytes (images_as_bytes): images normalised with
+// the batch's image_mean and image_std (normalise_pixels) where they lie,
+// which are then cleared. Any other batch is left as it is.
+void batch_normalise_images(Batch& batch);
 
 // The sampler of torch's DistributedSampler, as a pure function: a permutation
 // of [0, dataset_size) from (seed, epoch) when shuffle (identity order

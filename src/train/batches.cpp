@@ -32,11 +32,19 @@ c10::Stream side_stream(const torch::Device& device, bool enabled) {
 }  // namespace
 
 data::Batch batch_to_device(const data::Batch& batch, const torch::Device& device) {
-  if (device.is_cpu()) return batch;
   data::Batch moved = batch;
-  for (const auto field : kDeviceFields) {
-    moved.*field = (batch.*field).to(device, /*non_blocking=*/true);
+  if (!device.is_cpu()) {
+    for (const auto field : kDeviceFields) {
+      moved.*field = (batch.*field).to(device, /*non_blocking=*/true);
+    }
+    if (batch.image_mean.defined()) {
+      moved.image_mean = batch.image_mean.to(device, /*non_blocking=*/true);
+      moved.image_std = batch.image_std.to(device, /*non_blocking=*/true);
+    }
   }
+  // Bytes (LoaderOptions::images_as_bytes) become the model's float32 input
+  // here, on the device, after the 4x smaller copy.
+  data::batch_normalise_images(moved);
   return moved;
 }
 

@@ -18,6 +18,9 @@ bool next_batch_or_exit(data::ShardedLoader& loader, data::Batch& batch);
 // Moves a batch's model inputs to `device` with non_blocking copies: from the
 // loader's pinned batches on a GPU (LoaderOptions::pin_memory) they run
 // asynchronously on the current stream, ahead of the forward that reads them.
+// Images that come as bytes (LoaderOptions::images_as_bytes) are copied as
+// bytes and normalised on `device` (data::batch_normalise_images), on any
+// device: the result is the float32 batch the loader would have given.
 data::Batch batch_to_device(const data::Batch& batch, const torch::Device& device);
 
 // Batch copies to a GPU on a side stream (--copy-stream): the host runs

@@ -194,6 +194,7 @@ data::ShardedLoader open_loader(const std::string& path, data::Split split,
   options.rank = rank.rank;
   options.world_size = rank.world_size;
   options.pin_memory = device.is_cuda();
+  options.images_as_bytes = device.is_cuda();  // normalised there: batch_to_device
   options.trim_text_padding = config.trim_text_padding;
   // Evaluation stays deterministic: the test split reads the stored
   // (resized, centre-cropped) images.

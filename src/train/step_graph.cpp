@@ -87,6 +87,9 @@ torch::Tensor StepGraph::capture(const data::Batch& device_batch,
 
 void StepGraph::load(const data::Batch& batch) {
   VQA_CHECK(replayable(batch), "a batch of shapes the CUDA graph was not captured for");
+  // Bytes copied into the float32 images would skip the normalisation.
+  VQA_CHECK(batch.images.scalar_type() == input_.images.scalar_type(),
+            "a batch whose images are not normalised (batch_to_device first) for the CUDA graph");
   for (const auto field : kModelInputs) {
     (input_.*field).copy_(batch.*field, /*non_blocking=*/true);
   }

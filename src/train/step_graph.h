@@ -79,7 +79,10 @@ class StepGraph {
   torch::Tensor capture(const data::Batch& device_batch,
                         const std::function<torch::Tensor(const data::Batch&)>& step);
   // Copies a batch of the captured shapes (on the device, or the loader's
-  // pinned host batch) into the static input, on the current stream.
+  // pinned host batch) into the static input, on the current stream. The
+  // static input holds float32 images: a batch of bytes
+  // (LoaderOptions::images_as_bytes) goes through batch_to_device first,
+  // which normalises it, so the graph never sees the bytes.
   void load(const data::Batch& batch);
   // Replays the step on the static input; returns the loss (the static output).
   torch::Tensor replay();
