@@ -139,10 +139,15 @@ std::string sidecar_compare(const Sidecar& sidecar, uint64_t size, uint32_t crc)
 
 // F.tmp, fsync, sidecar, rename to F, fsync of the directory. On failure the
 // temporary files are gone and F, if it existed, is untouched.
-void archive_write_verified(torch::serialize::OutputArchive& archive, const std::string& path) {
+void archive_write_verified(torch::serialize::OutputArchive& archive, const std::string& path,
+                            const CheckpointProgress& progress = {}) {
   util::DurableFileWriter file(path);
   try {
-    archive.save_to([&file](const void* data, size_t size) { return file.write(data, size); });
+    archive.save_to([&](const void* data, size_t size) {
+      file.write(data, size);
+      if (progress) progress(file.bytes());
+      return size;
+    });
   } catch (const c10::Error& e) {
     file.fail(std::string("LibTorch could not serialise it: ") + e.what_without_backtrace());
   }
@@ -282,16 +287,7 @@ CheckpointCheck checkpoint_verify(const std::string& path) {
   return {problem.empty(), problem};
 }
 
-std::string checkpoint_save(const std::string& out_dir, model::M3AE& model, VqaOptimizer& optimizer,
-                            const TrainState& state, const std::string& config_ini,
-                            int keep_checkpoints, RunLog* log) {
-  const fs::path directory = fs::path(out_dir) / "checkpoints";
-  std::error_code error;
-  fs::create_directories(directory, error);
-  if (error) {
-    fail_write("checkpoint", "cannot create " + directory.string() + ": " + error.message(),
-               directory);
-  }
+std::string checkpoint_file_name(const TrainState& state) {
   // epoch-NNNN.pt after epoch NNNN; epoch-NNNN-step-SSSSSS.pt inside epoch
   // NNNN after SSSSSS of its optimiser steps (a stop request).
   char name[64];
@@ -303,21 +299,29 @@ std::string checkpoint_save(const std::string& out_dir, model::M3AE& model, VqaO
     std::snprintf(name, sizeof(name), "epoch-%04lld.pt",
                   static_cast<long long>(state.next_epoch - 1));
   }
-  const std::string path = (directory / name).string();
+  return name;
+}
 
-  torch::serialize::OutputArchive archive;
-  torch::serialize::OutputArchive model_archive;
-  model->save(model_archive);
+void checkpoint_archive_fill(torch::serialize::OutputArchive& archive,
+                             torch::serialize::OutputArchive& model_archive,
+                             torch::serialize::OutputArchive* optimizer_archive,
+                             const TrainState& state, const std::string* config_ini) {
   archive.write("model", model_archive);
-  torch::serialize::OutputArchive optimizer_archive;
-  optimizer.adamw().save(optimizer_archive);
-  archive.write("optimizer", optimizer_archive);
+  if (optimizer_archive) archive.write("optimizer", *optimizer_archive);
   write_state(archive, state);
-  archive.write("config", c10::IValue(config_ini));
-  remove_stale_files(directory);
+  if (config_ini) archive.write("config", c10::IValue(*config_ini));
+}
+
+std::string checkpoint_write(const std::string& out_dir, const std::string& name,
+                             torch::serialize::OutputArchive& archive, int keep_checkpoints,
+                             RunLog* log, const CheckpointProgress& progress) {
+  const fs::path directory = fs::path(out_dir) / "checkpoints";
+  const std::string path = (directory / name).string();
   try {
-    archive_write_verified(archive, path);
-    util::write_file_atomically((directory / "latest").string(), std::string(name) + "\n");
+    fs::create_directories(directory);
+    remove_stale_files(directory);
+    archive_write_verified(archive, path, progress);
+    util::write_file_atomically((directory / "latest").string(), name + "\n");
   } catch (const std::exception& e) {
     fail_write("checkpoint " + path, e.what(), directory);
   }
@@ -325,17 +329,10 @@ std::string checkpoint_save(const std::string& out_dir, model::M3AE& model, VqaO
   return path;
 }
 
-void checkpoint_save_best(const std::string& out_dir, model::M3AE& model, const TrainState& state) {
+void checkpoint_write_best(const std::string& out_dir, torch::serialize::OutputArchive& archive) {
   const fs::path path = fs::path(out_dir) / "best_model.pt";
-  std::error_code error;
-  fs::create_directories(out_dir, error);
-  torch::serialize::OutputArchive archive;
-  torch::serialize::OutputArchive model_archive;
-  model->save(model_archive);
-  archive.write("model", model_archive);
-  write_state(archive, state);
   try {
-    if (error) throw std::runtime_error("cannot create " + out_dir + ": " + error.message());
+    fs::create_directories(out_dir);
     archive_write_verified(archive, path.string());
   } catch (const std::exception& e) {
     fail_write("best model " + path.string(), e.what(), fs::path(out_dir) / "checkpoints");

@@ -28,6 +28,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 
 #include "model/m3ae.h"         // M3AE
@@ -57,6 +58,29 @@ std::string checkpoint_save(const std::string& out_dir, model::M3AE& model, VqaO
 // <out>/best_model.pt and its sidecar: the model (and state) of the best epoch
 // so far. Failures end the job as in checkpoint_save.
 void checkpoint_save_best(const std::string& out_dir, model::M3AE& model, const TrainState& state);
+
+// ---- the parts of a save, for saves from a copy (checkpoint_writer.h) ----
+
+// epoch-NNNN.pt after epoch NNNN, epoch-NNNN-step-SSSSSS.pt inside it.
+std::string checkpoint_file_name(const TrainState& state);
+
+// The archive of a checkpoint (with the optimiser's archive and the config)
+// or of best_model.pt (without them), from the model's archive.
+void checkpoint_archive_fill(torch::serialize::OutputArchive& archive,
+                             torch::serialize::OutputArchive& model_archive,
+                             torch::serialize::OutputArchive* optimizer_archive,
+                             const TrainState& state, const std::string* config_ini);
+
+// Called during a write with the bytes in the temporary file so far.
+using CheckpointProgress = std::function<void(uint64_t bytes_written)>;
+
+// Everything checkpoint_save does after building the archive: stale files,
+// F.tmp, fsync, sidecar, rename, `latest`, rotation; failures end the job
+// the same way. Any thread, one write at a time per run directory.
+std::string checkpoint_write(const std::string& out_dir, const std::string& name,
+                             torch::serialize::OutputArchive& archive, int keep_checkpoints,
+                             RunLog* log, const CheckpointProgress& progress = {});
+void checkpoint_write_best(const std::string& out_dir, torch::serialize::OutputArchive& archive);
 
 // The checkpoint --resume auto continues from, or "" when <out>/checkpoints
 // holds none: the file `latest` names if its checksum matches, otherwise the

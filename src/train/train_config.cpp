@@ -168,6 +168,10 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "keep the newest N checkpoints, deleting older ones (0: keep all; best_model.pt is "
            "always kept)",
            util::Range{0, 1e6})
+      .add("async-checkpoint", &c.async_checkpoint,
+           "rank 0 copies the state to host memory at a save and writes it in a background "
+           "thread while training goes on (one save in flight; one host copy of the weights and "
+           "AdamW moments); false: training waits for the whole write")
       .add("max-steps-per-epoch", &c.max_steps_per_epoch,
            "stop each epoch after N optimiser steps (0: all)", util::Range{0, 1e12})
       .add("log-every-steps", &c.log_every_steps,
@@ -236,6 +240,10 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "device and read a step later), on the CPU too; LibTorch 2.4 or later")
       .add("test-data-delay-ms", &c.faults.data_delay_ms,
            "testing only: every rank waits this long more for each batch", util::Range{0, 1e6})
+      .add("test-kill-in-checkpoint-write", &c.faults.kill_in_checkpoint_write,
+           "testing only: rank 0 SIGKILLs itself while writing its Nth checkpoint (0: never), "
+           "its temporary file half written",
+           util::Range{0, 1e6})
       .config_file_option("config");
 }
 

@@ -64,6 +64,7 @@ struct FaultInjection {
   // ATen's fused AdamW on the CPU too (the GPU path: skips decided on the
   // device and read a step later); LibTorch 2.4 or later
   bool aten_fused_adamw = false;
+  int64_t kill_in_checkpoint_write = 0;  // rank 0 dies writing its Nth checkpoint (0: never)
 };
 
 struct TrainConfig {
@@ -121,6 +122,7 @@ struct TrainConfig {
   int eval_every = 1;
   int save_every = 1;
   int keep_checkpoints = 3;             // newest checkpoints kept in <out>/checkpoints; 0: all
+  bool async_checkpoint = true;         // written by a background thread from a host copy
   int64_t max_steps_per_epoch = 0;      // 0: whole epoch (benchmarks cap it)
   int64_t log_every_steps = 0;          // 0: only per-epoch lines
   Progress progress = Progress::kAuto;  // the in-place progress bar on rank 0

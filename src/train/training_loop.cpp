@@ -3,15 +3,15 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "model/m3ae_export.h"     // m3ae_export_tensors
-#include "model/safetensors.h"     // safetensors_write
-#include "runtime/check.h"         // fatal_user_error
-#include "runtime/memory_usage.h"  // memory_peak_and_reset
-#include "runtime/stop_request.h"  // StopAgreement, stop_signal_name, kExitStopRequested
-#include "train/checkpoint.h"      // checkpoint_save, checkpoint_save_best
-#include "train/evaluation.h"      // evaluate
-#include "train/step_report.h"     // EpochReport, RankSummary, epoch_report_build, ...
-#include "util/durable_file.h"     // write_file_atomically, DurableFileWriter
+#include "model/m3ae_export.h"        // m3ae_export_tensors
+#include "model/safetensors.h"        // safetensors_write
+#include "runtime/check.h"            // fatal_user_error
+#include "runtime/memory_usage.h"     // memory_peak_and_reset
+#include "runtime/stop_request.h"     // StopAgreement, stop_signal_name, kExitStopRequested
+#include "train/checkpoint_writer.h"  // CheckpointWriter
+#include "train/evaluation.h"         // evaluate
+#include "train/step_report.h"        // EpochReport, RankSummary, epoch_report_build, ...
+#include "util/durable_file.h"        // write_file_atomically, DurableFileWriter
 
 namespace vqa::train {
 
@@ -162,11 +162,11 @@ void report_epoch_steps(TrainingParts& parts, int64_t epoch, const EpochStats& s
 
 // What the end of a completed epoch does, in order: evaluation when due,
 // the step report, the timeline, the log, then rank 0's checkpoints while
-// the others wait at a barrier (nobody starts the next epoch before they are
-// on disk). Collective.
+// the others wait at a barrier (for the copy to host memory with
+// --async-checkpoint, for the whole write without). Collective.
 void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const EpochStats& stats,
                   const GradientSyncStats& sync_before, const AllreduceProbe& probe,
-                  const std::string& config_ini, TrainState& state) {
+                  const std::string& config_ini, TrainState& state, CheckpointWriter& writer) {
   const TrainConfig& config = parts.config;
   const int64_t epoch = state.next_epoch - 1;
   // The synchroniser found them on the first step; said once.
@@ -205,15 +205,14 @@ void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const 
   if (save_now) parts.optimizer.gather_state(parts.comm);  // sharded: collective
   if (parts.comm.rank() == 0) {
     require_finite_weights(parts.model, "checkpoints of epoch " + std::to_string(epoch));
+    if (best || save_now) {
+      writer.save(config.out, parts.model, save_now ? &parts.optimizer : nullptr, state, config_ini,
+                  config.keep_checkpoints, best, parts.log);
+    }
     if (best) {
-      checkpoint_save_best(config.out, parts.model, state);
       const std::string predictions = out_path(config, "predictions_best.jsonl");
       write_or_warn(parts.log, predictions,
                     [&] { write_predictions(predictions, eval_stats.predictions); });
-    }
-    if (save_now) {
-      checkpoint_save(config.out, parts.model, parts.optimizer, state, config_ini,
-                      config.keep_checkpoints, &parts.log);
     }
   }
   parts.optimizer.release_gathered_state();
@@ -221,15 +220,17 @@ void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const 
 }
 
 // Every rank agreed to stop at the same step: rank 0 checkpoints the
-// position, then the job exits with a status job scripts turn into a requeue.
+// position and waits for the write (and any earlier one in flight), then the
+// job exits with a status job scripts turn into a requeue.
 int stop_with_checkpoint(TrainingParts& parts, int signal, const std::string& config_ini,
-                         const TrainState& state) {
+                         const TrainState& state, CheckpointWriter& writer) {
   std::string path;
   parts.optimizer.gather_state(parts.comm);  // sharded: collective
   if (parts.comm.rank() == 0) {
     require_finite_weights(parts.model, "the stop checkpoint");
-    path = checkpoint_save(parts.config.out, parts.model, parts.optimizer, state, config_ini,
-                           parts.config.keep_checkpoints, &parts.log);
+    path = writer.save(parts.config.out, parts.model, &parts.optimizer, state, config_ini,
+                       parts.config.keep_checkpoints, /*best=*/false, parts.log);
+    writer.wait(parts.log);
   }
   parts.optimizer.release_gathered_state();
   parts.comm.barrier();
@@ -316,13 +317,18 @@ int run_training(TrainingParts& parts, data::ShardedLoader& train_loader,
     parts.log.epoch_header();
   }
   runtime::StopAgreement stop;
+  // Rank 0's saves; the others never save.
+  CheckpointWriter writer(parts.config.async_checkpoint,
+                          parts.config.faults.kill_in_checkpoint_write);
   while (state.next_epoch < parts.config.epochs) {
     const GradientSyncStats sync_before = parts.gradients.stats();
     const EpochStats stats = train_epoch(parts, train_loader, stop, state);
     if (stats.stop_signal != 0)
-      return stop_with_checkpoint(parts, stats.stop_signal, config_ini, state);
-    finish_epoch(parts, test_loader, stats, sync_before, probe, config_ini, state);
+      return stop_with_checkpoint(parts, stats.stop_signal, config_ini, state, writer);
+    finish_epoch(parts, test_loader, stats, sync_before, probe, config_ini, state, writer);
   }
+  // The last checkpoint is on disk before DONE (and before the export).
+  writer.wait(parts.log);
   // When the run ended before the window did.
   write_or_warn(parts.log, "the timeline " + parts.config.timeline,
                 [&] { parts.timeline.write(parts.comm, parts.comm.host()); });
