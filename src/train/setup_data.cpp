@@ -191,6 +191,14 @@ data::ShardedLoader open_loader(const std::string& path, data::Split split,
   options.shuffle = train;
   options.drop_last = train && config.drop_last;
   options.prefetch_depth = config.prefetch_depth;
+  // With the word embedding's row sync a step takes all its micro-batches
+  // before its first forward (their rows are gathered then: train_step.cpp);
+  // the reads of a whole step overlap the previous step's compute only when
+  // the loader runs that far ahead.
+  if (train && config.prefetch_depth > 0) {
+    options.prefetch_depth =
+        static_cast<int>(std::max<int64_t>(config.prefetch_depth, config.accumulation_steps));
+  }
   options.rank = rank.rank;
   options.world_size = rank.world_size;
   options.pin_memory = device.is_cuda();
