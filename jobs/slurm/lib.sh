@@ -44,12 +44,13 @@
 #   VQA_RECOVER_MIN_NODES  fewest surviving nodes to restart on (default: half
 #                  the allocation's nodes, rounded up); below it the job is
 #                  requeued instead
-#   VQA_RECOVER_WAIT  srun --wait: seconds srun waits for the other ranks once
-#                  one has ended, before it ends the step (default 30)
+#   VQA_SRUN_WAIT  srun --wait on more than one node: seconds srun waits for
+#                  the other ranks once one has ended, before it ends the
+#                  step (default 30)
 #
 # Recovery inside the allocation (VQA_RECOVER_RESTARTS > 0). A lost node
 # leaves the ranks on the others blocked in a collective; vqa_train's
-# watchdog (--comm-timeout) ends them, srun ends the step VQA_RECOVER_WAIT s
+# watchdog (--comm-timeout) ends them, srun ends the step VQA_SRUN_WAIT s
 # after the first rank (plus KillWait: the lost node's tasks never report),
 # mpirun once its daemon on the lost node is gone. The script then asks
 # every node of the allocation for a trivial step (srun --overlap -w NODE
@@ -109,8 +110,9 @@ slurm_launch_command() {
     launch_command=(srun "--mpi=${VQA_SRUN_MPI:-pmix}" --kill-on-bad-exit=1
       "--ntasks=$ranks" "--cpus-per-task=$threads")
     # A lost node's tasks never report their end: without --wait srun would
-    # wait for them until Slurm marks the node DOWN (SlurmdTimeout).
-    ((${VQA_RECOVER_RESTARTS:-0} > 0)) && launch_command+=("--wait=${VQA_RECOVER_WAIT:-30}")
+    # wait for them until Slurm marks the node DOWN (SlurmdTimeout), long
+    # after the ranks on the other nodes have ended.
+    ((${SLURM_JOB_NUM_NODES:-1} > 1)) && launch_command+=("--wait=${VQA_SRUN_WAIT:-30}")
   else
     # Open MPI reads the nodes and tasks per node from the allocation.
     # PE=threads binds each rank to its own cores, next to each other.

@@ -83,9 +83,10 @@ jobs/launch_local.sh --ranks 2 --threads 1 "$build/vqa_train" --config "$config"
 
 # submit RUN_DIR [LAUNCHER [RESTARTS]]: prints the job id (launcher srun
 # --mpi=pmix unless named; VQA_RECOVER_RESTARTS as the script's default
-# unless given: 0 turns recovery inside the allocation off, as in part 3).
+# unless given: 0 turns recovery inside the allocation off, as in part 3;
+# srun then ends the step 5 s after the surviving rank, not 30).
 submit() {
-  local restarts=${3:+,VQA_RECOVER_RESTARTS=$3}
+  local restarts=${3:+,VQA_RECOVER_RESTARTS=$3,VQA_SRUN_WAIT=5}
   sbatch --parsable --output="$work/job-%j.out" --nodes=2 --ntasks-per-node=1 \
     --cpus-per-task=1 --gpus-per-node=0 --time=30 \
     --export="ALL,VQA_LAUNCHER=${2:-srun},VQA_SRUN_MPI=pmix,VQA_BUILD=$build,VQA_RUN_DIR=$1$restarts" \

@@ -65,7 +65,7 @@ stage "train_multinode.sbatch --nodes=3, launcher $launcher; host 2 killed mid-e
 run_dir=$work/run
 job=$(sbatch --parsable --output="$work/job-%j.out" --nodes=3 --ntasks-per-node=1 \
   --cpus-per-task=1 --gpus-per-node=0 --time=30 \
-  --export="ALL,VQA_LAUNCHER=$launcher,VQA_SRUN_MPI=pmix,VQA_BUILD=$build,VQA_RUN_DIR=$run_dir,VQA_RECOVER_WAIT=5,VQA_RECOVER_PROBE_SECONDS=8" \
+  --export="ALL,VQA_LAUNCHER=$launcher,VQA_SRUN_MPI=pmix,VQA_BUILD=$build,VQA_RUN_DIR=$run_dir,VQA_SRUN_WAIT=5,VQA_RECOVER_PROBE_SECONDS=8" \
   jobs/slurm/train_multinode.sbatch "$config" "${train_args[@]}")
 output=$work/job-$job.out
 wait_for_line "$output" "epoch 1 step 2/" 120
