@@ -50,9 +50,10 @@
 #
 # Recovery inside the allocation (VQA_RECOVER_RESTARTS > 0). A lost node
 # leaves the ranks on the others blocked in a collective; vqa_train's
-# watchdog (--comm-timeout) ends them, srun ends the step VQA_SRUN_WAIT s
-# after the first rank (plus KillWait: the lost node's tasks never report),
-# mpirun once its daemon on the lost node is gone. The script then asks
+# watchdog (--comm-timeout) ends them with MPI_Abort, upon which srun ends
+# the step within KillWait + 2 s (at most VQA_SRUN_WAIT s after the first
+# rank's end, plus that, when ranks end without MPI_Abort), mpirun once its
+# daemon on the lost node is gone. The script then asks
 # every node of the allocation for a trivial step (srun --overlap -w NODE
 # true, in parallel, VQA_RECOVER_PROBE_SECONDS each, default 30): the nodes
 # that do not answer are lost. None lost: the failure was something else
@@ -109,9 +110,11 @@ slurm_launch_command() {
     # failing ends the step instead of leaving the others waiting.
     launch_command=(srun "--mpi=${VQA_SRUN_MPI:-pmix}" --kill-on-bad-exit=1
       "--ntasks=$ranks" "--cpus-per-task=$threads")
-    # A lost node's tasks never report their end: without --wait srun would
-    # wait for them until Slurm marks the node DOWN (SlurmdTimeout), long
-    # after the ranks on the other nodes have ended.
+    # A lost node's tasks never report their end. vqa_train's watchdog ends
+    # the others with MPI_Abort, which srun turns into the step's end within
+    # KillWait + 2 s; ranks that end otherwise (exit, crash) would leave srun
+    # waiting for the lost node's tasks until Slurm marks it DOWN
+    # (SlurmdTimeout): --wait bounds that.
     ((${SLURM_JOB_NUM_NODES:-1} > 1)) && launch_command+=("--wait=${VQA_SRUN_WAIT:-30}")
   else
     # Open MPI reads the nodes and tasks per node from the allocation.
