@@ -25,26 +25,34 @@ double seconds_since(Clock::time_point start) {
 
 std::string seconds_text(double seconds) { return util::format("%.3f s", seconds); }
 
-// A copy of `tensor` that training does not write to: a clone on the CPU,
-// a pinned host tensor filled on the current stream from a GPU (complete
-// after host_copies_complete). Same strides and requires_grad, so the archive
-// holds what the live tensor's would. `held` keeps a second reference, as the
-// model keeps one to a live tensor: LibTorch's pickler memoizes tensors
-// referenced more than once, so the file is then byte for byte the
-// synchronous save's.
-torch::Tensor host_copy(const torch::Tensor& tensor, std::vector<torch::Tensor>& held) {
+// The host copy of the state: one tensor per live tensor, in the order
+// the archives are built (the same at every save), kept by the writer from
+// save to save so that only the first save allocates (and faults in) the
+// memory. Being referenced there and in the archive, each copy is pickled as
+// a live tensor is (LibTorch memoizes tensors referenced more than once), so
+// the file is byte for byte the synchronous save's.
+struct HostStaging {
+  std::vector<torch::Tensor>& tensors;
+  size_t next = 0;
+};
+
+// `tensor`'s values in its slot of the staging: copied on the CPU, or into
+// pinned memory on the current stream from a GPU (complete after
+// host_copies_complete). Same sizes, strides and requires_grad, so the archive
+// holds what the live tensor's would.
+torch::Tensor host_copy(const torch::Tensor& tensor, HostStaging& staging) {
   if (!tensor.defined()) return tensor;
   torch::NoGradGuard no_grad;
-  torch::Tensor copy;
-  if (tensor.is_cuda()) {
-    copy = torch::empty_strided(tensor.sizes(), tensor.strides(),
-                                tensor.options().device(torch::kCPU).pinned_memory(true));
-    copy.copy_(tensor, /*non_blocking=*/true);
-  } else {
-    copy = tensor.clone(torch::MemoryFormat::Preserve);
+  if (staging.next == staging.tensors.size()) staging.tensors.emplace_back();
+  torch::Tensor& copy = staging.tensors[staging.next++];
+  if (!copy.defined() || copy.sizes() != tensor.sizes() || copy.strides() != tensor.strides() ||
+      copy.dtype() != tensor.dtype()) {
+    copy =
+        torch::empty_strided(tensor.sizes(), tensor.strides(),
+                             tensor.options().device(torch::kCPU).pinned_memory(tensor.is_cuda()));
   }
+  copy.copy_(tensor, /*non_blocking=*/tensor.is_cuda());
   copy.requires_grad_(tensor.requires_grad());
-  held.push_back(copy);
   return copy;
 }
 
@@ -56,7 +64,7 @@ void host_copies_complete(const torch::Device& device) {
 // Module::save's archive layout (own parameters, own buffers, then each
 // serialisable child's archive), from host copies of the tensors.
 void module_save_copy(const torch::nn::Module& module, torch::serialize::OutputArchive& archive,
-                      std::vector<torch::Tensor>& held) {
+                      HostStaging& held) {
   for (const auto& parameter : module.named_parameters(/*recurse=*/false)) {
     archive.write(parameter.key(), host_copy(parameter.value(), held));
   }
@@ -74,8 +82,7 @@ void module_save_copy(const torch::nn::Module& module, torch::serialize::OutputA
 // An AdamW whose state is a host copy of `live`'s. Its parameter groups hold
 // the live parameters, for their keys only: LibTorch's optimiser archive
 // names each state by its parameter's TensorImpl address, as the live one's.
-std::unique_ptr<torch::optim::AdamW> adamw_copy(torch::optim::AdamW& live,
-                                                std::vector<torch::Tensor>& held) {
+std::unique_ptr<torch::optim::AdamW> adamw_copy(torch::optim::AdamW& live, HostStaging& held) {
   auto copy = std::make_unique<torch::optim::AdamW>(
       live.param_groups(), static_cast<const torch::optim::AdamWOptions&>(live.defaults()));
   for (const auto& [key, state] : live.state()) {
@@ -93,23 +100,26 @@ std::unique_ptr<torch::optim::AdamW> adamw_copy(torch::optim::AdamW& live,
 // from host copies of them (the background one).
 struct SaveArchives {
   torch::serialize::OutputArchive checkpoint, best;
-  std::vector<torch::Tensor> copies;  // the host copies, a second reference (host_copy)
 };
 
+// `staging`: the writer's host copy (nullptr: the archives hold the live tensors).
 SaveArchives save_archives_build(model::M3AE& model, VqaOptimizer* optimizer,
                                  const TrainState& state, const std::string& config_ini, bool best,
-                                 bool copy) {
+                                 std::vector<torch::Tensor>* staging) {
   SaveArchives archives;
+  std::vector<torch::Tensor> unused;
+  HostStaging held{staging ? *staging : unused};
+  const bool copy = staging != nullptr;
   torch::serialize::OutputArchive model_archive;
   if (copy) {
-    module_save_copy(*model, model_archive, archives.copies);
+    module_save_copy(*model, model_archive, held);
   } else {
     model->save(model_archive);
   }
   if (optimizer) {
     torch::serialize::OutputArchive optimizer_archive;
     if (copy) {
-      adamw_copy(optimizer->adamw(), archives.copies)->save(optimizer_archive);
+      adamw_copy(optimizer->adamw(), held)->save(optimizer_archive);
     } else {
       optimizer->adamw().save(optimizer_archive);
     }
@@ -130,14 +140,14 @@ std::string checkpoint_save(const std::string& out_dir, model::M3AE& model, VqaO
                             const TrainState& state, const std::string& config_ini,
                             int keep_checkpoints, RunLog* log) {
   SaveArchives archives = save_archives_build(model, &optimizer, state, config_ini,
-                                              /*best=*/false, /*copy=*/false);
+                                              /*best=*/false, /*staging=*/nullptr);
   return checkpoint_write(out_dir, checkpoint_file_name(state), archives.checkpoint,
                           keep_checkpoints, log);
 }
 
 void checkpoint_save_best(const std::string& out_dir, model::M3AE& model, const TrainState& state) {
   SaveArchives archives = save_archives_build(model, nullptr, state, /*config_ini=*/"",
-                                              /*best=*/true, /*copy=*/false);
+                                              /*best=*/true, /*staging=*/nullptr);
   checkpoint_write_best(out_dir, archives.best);
 }
 
@@ -174,7 +184,7 @@ std::string CheckpointWriter::save(const std::string& out_dir, model::M3AE& mode
   }
   std::string path;
   if (!asynchronous_) {
-    SaveArchives archives = save_archives_build(model, optimizer, state, config_ini, best, false);
+    SaveArchives archives = save_archives_build(model, optimizer, state, config_ini, best, nullptr);
     if (best) checkpoint_write_best(out_dir, archives.best);
     if (!name.empty()) {
       path = checkpoint_write(out_dir, name, archives.checkpoint, keep_checkpoints, &log, progress);
@@ -197,7 +207,7 @@ std::string CheckpointWriter::save(const std::string& out_dir, model::M3AE& mode
     }
   }
   auto archives = std::make_shared<SaveArchives>(
-      save_archives_build(model, optimizer, state, config_ini, best, /*copy=*/true));
+      save_archives_build(model, optimizer, state, config_ini, best, &staging_));
   if (!name.empty()) path = (std::filesystem::path(out_dir) / "checkpoints" / name).string();
   in_flight_ = name.empty() ? "best_model.pt" : name;
   started_ = Clock::now();

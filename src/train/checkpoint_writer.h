@@ -22,9 +22,10 @@
 // the last good checkpoint; nothing waits for the next collective.
 //
 // Cost: one host copy of the state (about 3x the weights with AdamW's two
-// moments) held from the save until its write ends, the copy itself in the
-// step (memory bandwidth), and the writer thread's CPU time (serialisation,
-// two CRC passes, the write) while training runs.
+// moments), allocated at the first save and reused by every later one until
+// the run ends; the copy itself in the step (memory bandwidth); and the
+// writer thread's CPU time (serialisation, two CRC passes, the write) while
+// training runs.
 #pragma once
 
 #include <atomic>
@@ -32,6 +33,7 @@
 #include <cstdint>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "model/m3ae.h"         // M3AE
 #include "train/optimizer.h"    // VqaOptimizer
@@ -77,6 +79,8 @@ class CheckpointWriter {
   std::chrono::steady_clock::time_point started_;
   double write_seconds_ = 0.0;        // set by the thread before it ends
   std::atomic<bool> written_{false};  // the thread's write has ended
+  // The host copy of the state, reused from save to save (pinned on a GPU).
+  std::vector<torch::Tensor> staging_;
 };
 
 }  // namespace vqa::train
