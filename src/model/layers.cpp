@@ -1,5 +1,7 @@
 #include "model/layers.h"
 
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/version.h>
 
 #include <cmath>
@@ -23,6 +25,22 @@ constexpr double kQuickGeluScale = 1.702;
 
 torch::nn::LayerNormOptions layer_norm_options(int64_t hidden, double eps) {
   return torch::nn::LayerNormOptions({hidden}).eps(eps);
+}
+
+// Whether autocast is on in bf16 for x's device (CPU or CUDA).
+bool bf16_autocast_on(const torch::Tensor& x) {
+  if (!x.is_cuda() && !x.is_cpu()) return false;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  const c10::DeviceType type = x.device().type();
+  return at::autocast::is_autocast_enabled(type) &&
+         at::autocast::get_autocast_dtype(type) == torch::kBFloat16;
+#else
+  if (x.is_cuda()) {
+    return at::autocast::is_enabled() && at::autocast::get_autocast_gpu_dtype() == torch::kBFloat16;
+  }
+  return at::autocast::is_cpu_enabled() &&
+         at::autocast::get_autocast_cpu_dtype() == torch::kBFloat16;
+#endif
 }
 
 }  // namespace
@@ -160,6 +178,27 @@ void MultiHeadAttentionImpl::set_fused_attention(bool fused) {
         "fused attention needs LibTorch 2.0 or later (at::scaled_dot_product_attention)");
   }
   fused_ = fused;
+}
+
+torch::Tensor HiddenNormImpl::forward(const torch::Tensor& x) {
+  if (!bf16_hidden_states_ || !bf16_autocast_on(x)) return torch::nn::LayerNormImpl::forward(x);
+  if (x.scalar_type() != torch::kBFloat16) {
+    return torch::nn::LayerNormImpl::forward(x).to(torch::kBFloat16);
+  }
+  // Autocast runs layer_norm in float32 (casting x up); it is kept out of
+  // this call, and the affine parameters are cast as a linear's weights are:
+  // once per forward, the gradient flowing back to the float32 parameter.
+  const c10::DeviceType device = x.device().type();
+  const torch::Tensor weight_bf16 = at::autocast::cached_cast(torch::kBFloat16, weight, device);
+  const torch::Tensor bias_bf16 = at::autocast::cached_cast(torch::kBFloat16, bias, device);
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  return torch::layer_norm(x, options.normalized_shape(), weight_bf16, bias_bf16, options.eps());
+}
+
+void set_bf16_hidden_states(torch::nn::Module& root, bool on) {
+  root.apply([on](torch::nn::Module& module) {
+    if (auto* norm = module.as<HiddenNormImpl>()) norm->set_bf16_hidden_states(on);
+  });
 }
 
 FeedForwardImpl::FeedForwardImpl(int64_t hidden, int64_t ffn, Activation activation)

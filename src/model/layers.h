@@ -66,6 +66,28 @@ TORCH_MODULE(MultiHeadAttention);
 // set_packed_projections on every MultiHeadAttention under `root`.
 void set_packed_projections(torch::nn::Module& root, bool packed);
 
+// The LayerNorm of the hidden states between blocks: a torch::nn::LayerNorm
+// (same options, parameters and names) that, when set_bf16_hidden_states is
+// on and bf16 autocast is on for its input's device, returns bf16 instead of
+// autocast's float32, so that the residual sums stay bf16 and the next
+// linear casts nothing. A bf16 input runs the bf16 kernel (mean and variance
+// accumulated in float32) with the weight and bias cast through autocast's
+// per-forward cache; a float32 one (an embedding sum) is normalised in
+// float32, then cast. Off, in float32, fp16 or without autocast: plain LayerNorm.
+class HiddenNormImpl : public torch::nn::LayerNormImpl {
+ public:
+  using torch::nn::LayerNormImpl::LayerNormImpl;
+  torch::Tensor forward(const torch::Tensor& x);
+  void set_bf16_hidden_states(bool on) { bf16_hidden_states_ = on; }
+
+ private:
+  bool bf16_hidden_states_ = false;
+};
+TORCH_MODULE(HiddenNorm);
+
+// set_bf16_hidden_states on every HiddenNorm under `root`.
+void set_bf16_hidden_states(torch::nn::Module& root, bool on);
+
 // Linear(hidden, ffn) -> GELU (or QuickGELU) -> Linear(ffn, hidden).
 class FeedForwardImpl : public torch::nn::Module {
  public:
@@ -86,7 +108,7 @@ class PreNormBlockImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
-  torch::nn::LayerNorm attention_norm_, feed_forward_norm_;
+  HiddenNorm attention_norm_, feed_forward_norm_;
   MultiHeadAttention attention_;
   FeedForward feed_forward_;
 };
@@ -101,9 +123,9 @@ class PostNormLayerImpl : public torch::nn::Module {
 
  private:
   MultiHeadAttention attention_;
-  torch::nn::LayerNorm attention_norm_;
+  HiddenNorm attention_norm_;
   FeedForward feed_forward_;
-  torch::nn::LayerNorm feed_forward_norm_;
+  HiddenNorm feed_forward_norm_;
   torch::nn::Dropout dropout_;
 };
 TORCH_MODULE(PostNormLayer);
@@ -123,11 +145,11 @@ class CoAttentionLayerImpl : public torch::nn::Module {
 
  private:
   MultiHeadAttention self_attention_;
-  torch::nn::LayerNorm self_attention_norm_;
+  HiddenNorm self_attention_norm_;
   MultiHeadAttention cross_attention_;
-  torch::nn::LayerNorm cross_attention_norm_;
+  HiddenNorm cross_attention_norm_;
   FeedForward feed_forward_;
-  torch::nn::LayerNorm feed_forward_norm_;
+  HiddenNorm feed_forward_norm_;
   torch::nn::Dropout dropout_;
 };
 TORCH_MODULE(CoAttentionLayer);

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <unordered_set>
 
-#include "model/layers.h"  // attention_key_bias
+#include "model/layers.h"  // attention_key_bias, set_bf16_hidden_states
 
 namespace vqa::model {
 
@@ -93,6 +93,7 @@ M3AEImpl::M3AEImpl(const ModelConfig& config)
   register_module("fusion", fusion_);
   register_module("head", head_);
   initialize_parameters(*this);
+  set_bf16_hidden_states(*this, config.bf16_hidden_states);
 }
 
 torch::Tensor M3AEImpl::forward(const torch::Tensor& images, const torch::Tensor& token_ids,

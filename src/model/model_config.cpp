@@ -146,6 +146,7 @@ std::string model_config_describe(const ModelConfig& config) {
        << config.head_layer_norm_eps
        << " text_positions=" << (config.roberta_positions ? "roberta" : "plain")
        << " text_token_type=" << (config.text_token_type ? "true" : "false");
+  if (config.bf16_hidden_states) line << " bf16_hidden_states=true";
   return line.str();
 }
 

@@ -36,7 +36,7 @@ class TextEncoderImpl : public torch::nn::Module {
   torch::nn::Embedding token_embeddings_;
   torch::nn::Embedding position_embeddings_;
   torch::nn::Embedding token_type_embeddings_{nullptr};  // [1, hidden] when text_token_type
-  torch::nn::LayerNorm embedding_norm_;
+  HiddenNorm embedding_norm_;
   torch::nn::Dropout embedding_dropout_;
   torch::nn::ModuleList layers_;
   std::vector<PostNormLayer> typed_layers_;  // the same modules as layers_, for typed calls

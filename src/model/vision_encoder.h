@@ -30,10 +30,10 @@ class VisionTransformerImpl : public torch::nn::Module {
   torch::nn::Conv2d patch_embedding_;
   torch::Tensor class_token_;          // [hidden]
   torch::Tensor position_embeddings_;  // [1 + patches, hidden]
-  torch::nn::LayerNorm input_norm_;
+  HiddenNorm input_norm_;
   torch::nn::ModuleList blocks_;
   std::vector<PreNormBlock> typed_blocks_;  // the same modules as blocks_, for typed calls
-  torch::nn::LayerNorm output_norm_;
+  HiddenNorm output_norm_;
 };
 TORCH_MODULE(VisionTransformer);
 
@@ -54,7 +54,7 @@ class FeatureEncoderImpl : public torch::nn::Module {
   torch::nn::Linear projection_;
   torch::Tensor class_token_;          // [hidden]
   torch::Tensor position_embeddings_;  // [1 + feature_tokens, hidden]
-  torch::nn::LayerNorm norm_;
+  HiddenNorm norm_;
 };
 TORCH_MODULE(FeatureEncoder);
 
