@@ -166,7 +166,7 @@ TEST(Bf16HiddenStates, FloatThirtyTwoIsBitIdentical) {
 
 // The residual stream's dtype is set by the encoders' first LayerNorm: under
 // the standard policy it returns float32, and so does every residual sum after it.
-TEST(Bf16HiddenStates, UnderBf16AutocastTheEncodersReturnBf16) {
+TEST(Bf16HiddenStatesUnderAutocast, UnderBf16AutocastTheEncodersReturnBf16) {
   SKIP_WITHOUT_CPU_AUTOCAST();
   const auto config = tiny_config(false);
   torch::manual_seed(0);
@@ -180,7 +180,7 @@ TEST(Bf16HiddenStates, UnderBf16AutocastTheEncodersReturnBf16) {
 
 // The forward of a fresh `small` model: each policy's logits against
 // float32's, max |difference| / max |logit|.
-TEST(Bf16HiddenStates, ForwardStaysAsCloseToFloatThirtyTwo) {
+TEST(Bf16HiddenStatesUnderAutocast, ForwardStaysAsCloseToFloatThirtyTwo) {
   SKIP_WITHOUT_CPU_AUTOCAST();
   auto config = vqa::model::model_config_preset("small");
   config.num_answers = 16;
@@ -206,7 +206,7 @@ TEST(Bf16HiddenStates, ForwardStaysAsCloseToFloatThirtyTwo) {
   EXPECT_LE(hidden, 3.0 * standard + 1e-3);
 }
 
-TEST(Bf16HiddenStates, TwoHundredStepsStayWithinTheTolerance) {
+TEST(Bf16HiddenStatesUnderAutocast, TwoHundredStepsStayWithinTheTolerance) {
   SKIP_WITHOUT_CPU_AUTOCAST();
   torch::set_num_threads(1);
   constexpr int64_t kSteps = 200;
