@@ -213,6 +213,7 @@ model::ModelConfig setup_model_config(const TrainConfig& config, const data::Dat
   override_if_set(config.fusion_layers, model.fusion_layers);
   override_if_set(config.patch_size, model.patch_size);
   if (config.dropout >= 0) model.dropout = config.dropout;
+  model.bf16_hidden_states = config.bf16_hidden_states;
   if (model.hidden % model.heads != 0) {
     runtime::fatal_user_error("--hidden " + std::to_string(model.hidden) +
                               " is not divisible by --heads " + std::to_string(model.heads));

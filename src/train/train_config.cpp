@@ -140,6 +140,10 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "fp16: finite optimiser steps in a row before the loss scale doubles",
            util::Range{1, 1e9})
       .add("bf16-autocast", &c.bf16_autocast, "the same as --precision bf16 (older spelling)")
+      .add("bf16-hidden-states", &c.bf16_hidden_states,
+           "bf16 on a GPU: the hidden states stay bfloat16 between blocks (LayerNorms with "
+           "float32 statistics return bfloat16, not autocast's float32); off by default: no fewer "
+           "operators and losses further from float32's (docs/benchmarks.md)")
       .add_choice("packed-attention", &c.packed_attention,
                   "one GEMM for the q, k and v projections (k and v across); the same function "
                   "and parameter names: on (the option alone) | off | auto (on on a GPU, where "

@@ -113,6 +113,7 @@ struct TrainConfig {
   // loss scaling (on the CPU the loss scaler around float32)
   Precision precision = Precision::kFp32;
   int64_t loss_scale_interval = 2000;  // fp16: finite steps before the scale doubles
+  bool bf16_hidden_states = false;     // bf16: LayerNorms return bf16 (ModelConfig)
   PackedAttention packed_attention = PackedAttention::kAuto;  // one GEMM for q, k, v
   bool cuda_graph = false;  // GPU: replay each step's forward and backward as a CUDA graph
   bool copy_stream = true;  // GPU: batches copied to the device on a side stream
