@@ -346,6 +346,8 @@ ShardedLoader::ShardedLoader(const std::string& path, const std::string& split,
         "from: make the file with vqa_prep convert --keep-source-images (or synth "
         "--source-size N), format version 3");
   }
+  image_mean_ = channel_values(info_.image_mean);
+  image_std_ = channel_values(info_.image_std);
   const int64_t n = info_.num_questions;
   num_samples_per_rank_ = options_.drop_last ? n / options_.world_size
                                              : (n + options_.world_size - 1) / options_.world_size;
@@ -412,7 +414,7 @@ void ShardedLoader::submit(int64_t step) {
   valid.reserve(rows.size());
   for (int64_t i = begin; i < end; ++i) valid.push_back(i < padding_start ? 1.0f : 0.0f);
   const Finish finish{options_.trim_text_padding, options_.pin_memory, options_.images_as_bytes,
-                      channel_values(info_.image_mean), channel_values(info_.image_std)};
+                      image_mean_, image_std_};
   // Float32 images are pinned after the normalisation; bytes are gathered into pinned memory.
   const bool pin_bytes = finish.pin && finish.bytes;
   if (!options_.random_resized_crop) {

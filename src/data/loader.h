@@ -138,6 +138,9 @@ class ShardedLoader {
   std::string path_;
   bool opened_with_mpio_ = false;  // the runtime was up: destroy before distributed_finalize
   DatasetInfo info_;
+  // info_'s per-channel mean and std, float32 [3], built once: every batch
+  // shares them (normalised here or handed out beside bytes) and none writes them.
+  torch::Tensor image_mean_, image_std_;
   std::shared_ptr<ReadProgress> progress_;  // the reader marks it for as long as it lives
   std::shared_ptr<DatasetReader> reader_;   // touched only on the I/O thread
   std::vector<int64_t> shard_;              // this rank's sample indices for the epoch
