@@ -47,10 +47,15 @@
 #   VQA_SRUN_WAIT  srun --wait on more than one node: seconds srun waits for
 #                  the other ranks once one has ended, before it ends the
 #                  step (default 30)
+#   VQA_COMM_TIMEOUT  vqa_train's --comm-timeout (the collective deadline)
+#                  for this job, unless the command line or the config file
+#                  sets one (default: none given, vqa_train's 600 s;
+#                  train_multinode.sbatch sets 120: see the recovery notes)
 #
 # Recovery inside the allocation (VQA_RECOVER_RESTARTS > 0). A lost node
 # leaves the ranks on the others blocked in a collective; vqa_train's
-# watchdog (--comm-timeout) ends them with MPI_Abort, upon which srun ends
+# watchdog (--comm-timeout, hence VQA_COMM_TIMEOUT: the recovery waits that
+# long before it can start) ends them with MPI_Abort, upon which srun ends
 # the step within KillWait + 2 s (at most VQA_SRUN_WAIT s after the first
 # rank's end, plus that, when ranks end without MPI_Abort), mpirun once its
 # daemon on the lost node is gone. The script then asks
@@ -321,6 +326,23 @@ slurm_restart_command() {
   fi
 }
 
+# slurm_comm_timeout_args CONFIG ARGS...: fills `comm_timeout_args` with
+# --comm-timeout $VQA_COMM_TIMEOUT when VQA_COMM_TIMEOUT is set and neither
+# ARGS (vqa_train's options) nor CONFIG sets --comm-timeout: vqa_train
+# refuses an option given twice, and its command line would override the
+# config's.
+slurm_comm_timeout_args() {
+  local config=$1 arg
+  shift
+  comm_timeout_args=()
+  [[ -n ${VQA_COMM_TIMEOUT:-} ]] || return 0
+  for arg in "$@"; do
+    [[ $arg == --comm-timeout || $arg == --comm-timeout=* ]] && return 0
+  done
+  grep -Eq '^[[:space:]]*comm-timeout[[:space:]]*=' "$config" && return 0
+  comm_timeout_args=(--comm-timeout "$VQA_COMM_TIMEOUT")
+}
+
 # slurm_without_batch_option ARGS...: ARGS without --batch-per-rank and
 # its value (vqa_train refuses an option given twice), into `user_args`.
 slurm_without_batch_option() {
@@ -375,6 +397,8 @@ slurm_train_job() {
   local launcher
   launcher=$(slurm_choose_launcher)
   local nodes=() tasks_per_node recoveries=0 launch_extra=() user_args=("$@") launched
+  local comm_timeout_args
+  slurm_comm_timeout_args "$config" "$@"
   mapfile -t nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:-}" 2>/dev/null)
   tasks_per_node=$((SLURM_NTASKS / ${SLURM_JOB_NUM_NODES:-1}))
   while :; do
@@ -386,7 +410,8 @@ slurm_train_job() {
       slurm_restart_command "$launcher"
     fi
     local command=("${launch_command[@]}" "$train" --config "$config" --out "$run_dir"
-      --resume auto --threads "$threads" "${user_args[@]}" "${launch_extra[@]}")
+      --resume auto --threads "$threads" "${comm_timeout_args[@]}" "${user_args[@]}"
+      "${launch_extra[@]}")
     slurm_log "launcher $launcher:$(printf ' %q' "${command[@]}")"
 
     launched=$SECONDS

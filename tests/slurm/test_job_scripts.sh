@@ -6,7 +6,10 @@
 #     per core, shares the cores out (ranks x threads <= cores), starts the
 #     ranks under mpirun with OMP_NUM_THREADS set and each rank bound to cores
 #     of its own, passes --threads to vqa_train unless given, and refuses bad
-#     options.
+#     options;
+#   - the collective deadline the batch scripts pass (VQA_COMM_TIMEOUT,
+#     train_multinode.sbatch: 120 s) gives way to a --comm-timeout on the
+#     command line or in the config.
 #
 #   tests/slurm/test_job_scripts.sh SOURCE_DIR
 set -euo pipefail
@@ -24,6 +27,35 @@ for script in jobs/slurm/*.sbatch; do
   ((status == 2)) || fail "$script exited $status outside an allocation, expected 2"
   [[ $message == *"not inside a Slurm allocation"* ]] || fail "$script did not say why it refused"
 done
+
+echo "---- the collective deadline of the batch scripts"
+grep -qxF "export VQA_COMM_TIMEOUT=\${VQA_COMM_TIMEOUT:-120}" jobs/slurm/train_multinode.sbatch ||
+  fail "train_multinode.sbatch does not default VQA_COMM_TIMEOUT to 120"
+config_with_deadline=$(mktemp)
+trap 'rm -f "$config_with_deadline"' EXIT
+printf 'epochs = 1\ncomm-timeout = 45\n' >"$config_with_deadline"
+# deadline_args [VQA_COMM_TIMEOUT] CONFIG ARGS...: what lib.sh adds to vqa_train's options.
+deadline_args() {
+  (
+    VQA_COMM_TIMEOUT=$1
+    shift
+    source jobs/slurm/lib.sh
+    slurm_comm_timeout_args "$@"
+    echo "${comm_timeout_args[*]}"
+  )
+}
+check_deadline() { # EXPECTED [VQA_COMM_TIMEOUT] CONFIG ARGS...
+  local want=$1 got
+  shift
+  got=$(deadline_args "$@")
+  echo "VQA_COMM_TIMEOUT='$1' ${*:2}: '$got'"
+  [[ $got == "$want" ]] || fail "VQA_COMM_TIMEOUT='$1' ${*:2}: added '$got', expected '$want'"
+}
+check_deadline "--comm-timeout 120" 120 jobs/configs/quickstart.ini --epochs 2
+check_deadline "" 120 jobs/configs/quickstart.ini --epochs 2 --comm-timeout 10
+check_deadline "" 120 jobs/configs/quickstart.ini --comm-timeout=10
+check_deadline "" 120 "$config_with_deadline" --epochs 2
+check_deadline "" "" jobs/configs/quickstart.ini --epochs 2
 
 echo "---- launch_local.sh: rank and thread choice"
 # dry_run ARGS...: the launcher's two lines for ARGS, nothing started.
@@ -80,4 +112,4 @@ if ((cores >= ranks)); then
   cpu_sets=$(grep '^rank=' <<<"$output" | grep -o 'cpus=.*' | sort -u | wc -l)
   ((cpu_sets == ranks)) || fail "the $ranks ranks are not bound to different cores"
 fi
-echo "PASS: batch scripts refuse outside Slurm; launch_local.sh chose, bound and started the ranks"
+echo "PASS: batch scripts refuse outside Slurm and pass their collective deadline unless one is given; launch_local.sh chose, bound and started the ranks"

@@ -6,7 +6,8 @@
 # settings on the sbatch command line as the other Slurm tests give them.
 # For each launcher that jobs/slurm/lib.sh offers:
 #   - srun --mpi=pmix and mpirun inside the allocation: the job completes
-#     (exit 0, DONE), train.log and the job output place rank 0 and rank 1 on
+#     (exit 0, DONE) with the script's collective deadline (--comm-timeout
+#     120), train.log and the job output place rank 0 and rank 1 on
 #     the two different hosts, the gradients crossed the shaped link (the
 #     bytes each host's shaper sent during the job), and the metrics equal a
 #     single-host run with the same global batch (1 rank accumulating the
@@ -93,6 +94,9 @@ check_trained() {
     fail "job $job ($launcher) ended $state with exit code $exit_code"
   grep -q "launcher $launcher: $launcher " "$output" || fail "job $job did not launch with $launcher"
   [[ -f $run_dir/DONE ]] || fail "no DONE marker in $run_dir"
+  # The batch script's collective deadline (VQA_COMM_TIMEOUT), as vqa_train resolved it.
+  [[ $(sed -n 's/^comm-timeout = //p' "$run_dir/config.ini") == 120 ]] ||
+    fail "job $job: $run_dir/config.ini has no comm-timeout = 120"
   # Where each rank ran, as vqa_train's train.log names it (each rank's own
   # host name, here the emulated host's).
   local rank_hosts
