@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "runtime/check.h"             // fatal_user_error
+#include "train/checkpoint_shards.h"   // manifests and parts of sharded checkpoints
+#include "train/checkpoint_sidecar.h"  // archive_write_verified, read_verified
 #include "train/checkpoint_weights.h"  // load_module_weights
 #include "util/durable_file.h"         // DurableFileWriter, write_file_atomically, crc32_update
 
@@ -78,85 +80,6 @@ void read_state(torch::serialize::InputArchive& archive, TrainState& state) {
   }
 }
 
-// ---- sidecars: the CRC-32 and size of a file -------------------------------
-
-struct Sidecar {
-  uint32_t crc = 0;
-  uint64_t size = 0;
-};
-
-std::string sidecar_text(uint32_t crc, uint64_t size) {
-  char text[64];
-  std::snprintf(text, sizeof(text), "crc32 %08" PRIx32 " size %" PRIu64 "\n", crc, size);
-  return text;
-}
-
-// Reads path's sidecar; on failure `problem` completes "checkpoint PATH ...".
-bool sidecar_read(const std::string& path, Sidecar& sidecar, std::string& problem) {
-  const std::string sidecar_path = checkpoint_sidecar_path(path);
-  std::ifstream file(sidecar_path);
-  if (!file) {
-    problem = "has no checksum file " + sidecar_path;
-    return false;
-  }
-  std::string line;
-  std::getline(file, line);
-  unsigned int crc = 0;
-  unsigned long long size = 0;
-  int consumed = 0;
-  if (std::sscanf(line.c_str(), "crc32 %8x size %llu%n", &crc, &size, &consumed) != 2 ||
-      consumed != static_cast<int>(line.size())) {
-    problem = "has an unreadable checksum file " + sidecar_path + " ('" + line.substr(0, 80) + "')";
-    return false;
-  }
-  sidecar.crc = crc;
-  sidecar.size = size;
-  return true;
-}
-
-// "" when size and CRC match the sidecar; otherwise what is wrong.
-std::string sidecar_compare(const Sidecar& sidecar, uint64_t size, uint32_t crc) {
-  char text[160];
-  if (size < sidecar.size) {
-    std::snprintf(text, sizeof(text),
-                  "is truncated: %" PRIu64 " bytes, its checksum file says %" PRIu64, size,
-                  sidecar.size);
-  } else if (size > sidecar.size) {
-    std::snprintf(text, sizeof(text),
-                  "has %" PRIu64 " bytes, its checksum file says %" PRIu64
-                  " (bytes appended, or another file under its name)",
-                  size, sidecar.size);
-  } else if (crc != sidecar.crc) {
-    std::snprintf(text, sizeof(text),
-                  "is corrupt: the CRC-32 of its bytes is %08" PRIx32
-                  ", its checksum file says %08" PRIx32,
-                  crc, sidecar.crc);
-  } else {
-    return "";
-  }
-  return text;
-}
-
-// F.tmp, fsync, sidecar, rename to F, fsync of the directory. On failure the
-// temporary files are gone and F, if it existed, is untouched.
-void archive_write_verified(torch::serialize::OutputArchive& archive, const std::string& path,
-                            const CheckpointProgress& progress = {}) {
-  util::DurableFileWriter file(path);
-  try {
-    archive.save_to([&](const void* data, size_t size) {
-      file.write(data, size);
-      if (progress) progress(file.bytes());
-      return size;
-    });
-  } catch (const c10::Error& e) {
-    file.fail(std::string("LibTorch could not serialise it: ") + e.what_without_backtrace());
-  }
-  file.finish();
-  util::write_file_atomically(checkpoint_sidecar_path(path),
-                              sidecar_text(file.crc32(), file.bytes()));
-  file.commit();
-}
-
 // ---- names, rotation and choice --------------------------------------------
 
 // Training order of a checkpoint file: epoch-E-step-S.pt lies inside epoch E,
@@ -221,9 +144,14 @@ void remove_stale_files(const fs::path& directory) {
 
 void remove_checkpoint(const fs::path& path, RunLog* log) {
   std::error_code error;
+  // A sharded one's manifest first: without it the rest is incomplete.
+  const std::string name = path.filename().string();
+  const bool sharded = checkpoint_is_sharded(path.parent_path(), name);
+  if (sharded) fs::remove(path.parent_path() / checkpoint_manifest_name(name), error);
   // The file first: a sidecar alone is harmless, a file alone unverifiable.
-  fs::remove(path, error);
+  if (!error) fs::remove(path, error);
   if (!error) fs::remove(checkpoint_sidecar_path(path.string()), error);
+  if (!error && sharded) checkpoint_shards_remove(path.parent_path(), name, error);
   if (!error) return;
   const std::string warning =
       "cannot remove old checkpoint " + path.string() + ": " + error.message();
@@ -314,13 +242,16 @@ void checkpoint_archive_fill(torch::serialize::OutputArchive& archive,
 
 std::string checkpoint_write(const std::string& out_dir, const std::string& name,
                              torch::serialize::OutputArchive& archive, int keep_checkpoints,
-                             RunLog* log, const CheckpointProgress& progress) {
+                             RunLog* log, const CheckpointProgress& progress,
+                             const std::vector<CheckpointPartEntry>* parts) {
   const fs::path directory = fs::path(out_dir) / "checkpoints";
   const std::string path = (directory / name).string();
   try {
     fs::create_directories(directory);
     remove_stale_files(directory);
-    archive_write_verified(archive, path, progress);
+    const Sidecar sidecar = archive_write_verified(archive, path, progress);
+    if (parts)
+      checkpoint_manifest_write(directory, name, {name, sidecar.size, sidecar.crc}, *parts);
     util::write_file_atomically((directory / "latest").string(), name + "\n");
   } catch (const std::exception& e) {
     fail_write("checkpoint " + path, e.what(), directory);
@@ -357,7 +288,10 @@ std::string checkpoint_latest(const std::string& out_dir, RunLog& log) {
   std::string skipped;
   for (const auto& name : candidates) {
     const std::string path = (directory / name).string();
-    const CheckpointCheck check = checkpoint_verify(path);
+    CheckpointCheck check = checkpoint_verify(path);
+    if (check.good && checkpoint_is_sharded(directory, name)) {
+      check = checkpoint_shards_verify(directory, name);
+    }
     if (check.good) {
       if (!skipped.empty() && log.writer()) {
         log.warn("--resume auto: using " + path +
@@ -383,33 +317,6 @@ std::string checkpoint_latest(const std::string& out_dir, RunLog& log) {
 }
 
 namespace {
-
-// The file's bytes after checking them against its sidecar (a file without
-// one is read with a warning). Throws std::runtime_error naming the file.
-std::string read_verified(const std::string& path, RunLog& log) {
-  std::string bytes;
-  try {
-    util::read_file_chunks(path,
-                           [&bytes](const char* data, size_t size) { bytes.append(data, size); });
-  } catch (const std::exception& e) {
-    throw std::runtime_error("checkpoint " + path + " " + e.what());
-  }
-  Sidecar sidecar;
-  std::string problem;
-  if (sidecar_read(path, sidecar, problem)) {
-    problem =
-        sidecar_compare(sidecar, bytes.size(), util::crc32_update(0, bytes.data(), bytes.size()));
-    if (!problem.empty()) {
-      throw std::runtime_error("checkpoint " + path + " " + problem +
-                               " (--resume auto falls back to the newest intact checkpoint)");
-    }
-  } else if (fs::exists(checkpoint_sidecar_path(path))) {
-    throw std::runtime_error("checkpoint " + path + " " + problem);
-  } else {
-    log.warn("checkpoint " + path + " " + problem + ": loading it unverified");
-  }
-  return bytes;
-}
 
 // Where the loaded tensors go: the device of the model's parameters (map
 // location), whatever device saved them: a checkpoint from cuda:0 resumes on
@@ -456,6 +363,7 @@ int64_t load_model_in_place(torch::serialize::InputArchive& archive, model::M3AE
 void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& optimizer,
                      TrainState& state, RunLog& log) {
   const std::string bytes = read_verified(path, log);
+  int64_t optimizer_parts = 0;
   read_archive(path, bytes, model_device(model), [&](torch::serialize::InputArchive& archive) {
     if (load_model_in_place(archive, model) > 0) {
       throw std::runtime_error(
@@ -468,8 +376,15 @@ void checkpoint_load(const std::string& path, model::M3AE& model, VqaOptimizer& 
     torch::serialize::InputArchive optimizer_archive;
     archive.read("optimizer", optimizer_archive);
     optimizer.adamw().load(optimizer_archive);
+    torch::Tensor parts;
+    archive.try_read("optimizer_parts", parts);
+    optimizer_parts = parts.defined() ? parts.item<int64_t>() : 0;
     read_state(archive, state);
   });
+  // A sharded checkpoint's moments are in its parts.
+  if (optimizer_parts > 0) {
+    checkpoint_parts_load(path, optimizer_parts, model, optimizer, model_device(model), log);
+  }
 }
 
 void checkpoint_load_model(const std::string& path, model::M3AE& model, RunLog& log) {

@@ -2,8 +2,9 @@
 // counts), schedule position, epoch (and the step inside it after a stop
 // request), best result and the resolved config. The sampler and the random
 // state need no bytes of their own: both are derived from (seed, epoch, step).
-// Only rank 0 writes; every rank reads (the run directory is on a shared file
-// system on clusters).
+// Only rank 0 writes, except the optimiser's parts of a sharded checkpoint
+// (--shard-optimizer, checkpoint_shards.h), which every rank writes; every
+// rank reads (the run directory is on a shared file system on clusters).
 //
 // Integrity. Every checkpoint file F (and best_model.pt) has a sidecar
 // F.crc32 holding one line "crc32 XXXXXXXX size N": zlib's CRC-32 (the one of
@@ -19,7 +20,8 @@
 // were, and `latest` always names a complete file whose checksum matches.
 //
 // Rotation. After each save the oldest checkpoints beyond the newest K are
-// removed with their sidecars (K = --keep-checkpoints; 0 keeps all). The
+// removed with their sidecars, manifests and parts (K = --keep-checkpoints;
+// 0 keeps all). The
 // file just written and best_model.pt are never removed.
 //
 // Warnings (a skipped checkpoint, an unverified load) go to the RunLog, so
@@ -30,6 +32,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "model/m3ae.h"         // M3AE
 #include "train/optimizer.h"    // VqaOptimizer
@@ -77,13 +80,18 @@ using CheckpointProgress = std::function<void(uint64_t bytes_written)>;
 // Everything checkpoint_save does after building the archive: stale files,
 // F.tmp, fsync, sidecar, rename, `latest`, rotation; failures end the job
 // the same way. Any thread, one write at a time per run directory.
+// With `parts` (a sharded checkpoint, checkpoint_shards.h, every part in
+// place), NAME.manifest is written after NAME and before `latest`.
+struct CheckpointPartEntry;
 std::string checkpoint_write(const std::string& out_dir, const std::string& name,
                              torch::serialize::OutputArchive& archive, int keep_checkpoints,
-                             RunLog* log, const CheckpointProgress& progress = {});
+                             RunLog* log, const CheckpointProgress& progress = {},
+                             const std::vector<CheckpointPartEntry>* parts = nullptr);
 void checkpoint_write_best(const std::string& out_dir, torch::serialize::OutputArchive& archive);
 
 // The checkpoint --resume auto continues from, or "" when <out>/checkpoints
-// holds none: the file `latest` names if its checksum matches, otherwise the
+// holds none: the file `latest` names if its checksum matches (and, when
+// sharded, its manifest and every part: checkpoint_shards.h), otherwise the
 // newest older checkpoint that matches. Every file skipped is named in a
 // warning with what is wrong with it, and the log's writer (rank 0) rewrites
 // `latest` to name the file chosen. When checkpoints exist but none matches,

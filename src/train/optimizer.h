@@ -109,6 +109,34 @@ class VqaOptimizer {
   void gather_state(runtime::Communicator& comm);
   void release_gathered_state();
 
+  // Sharded: this rank's part of the state for a sharded checkpoint
+  // (checkpoint_shards.h), without any collective. `moments` are live views
+  // of the owned ranges, one pair per bucket written; each run says where a
+  // parameter's elements sit in their concatenation. Buckets every rank
+  // holds whole (not sharded) are in rank 0's part only (with_replicated).
+  struct OwnedRun {
+    torch::Tensor parameter;
+    int64_t parameter_offset = 0;  // elements into the parameter
+    int64_t length = 0;
+    int64_t flat_offset = 0;  // elements into the concatenated moments
+    // The parameter's place in adamw().param_groups(), as LibTorch's archive
+    // orders the states (for tools that pair two runs' states up).
+    int64_t group = 0, index_in_group = 0;
+  };
+  struct OwnedMoments {
+    int64_t step = 0;
+    std::vector<torch::Tensor> exp_avg, exp_avg_sq;  // per bucket written
+    std::vector<OwnedRun> runs;
+    int64_t elements = 0;  // of each moment
+  };
+  OwnedMoments owned_moments(bool with_replicated);
+  // A run of a parameter's moments read from a checkpoint part, into
+  // adamw()'s per-parameter state (zero moments first, for the elements no
+  // part holds), where an unsharded load puts them and take_loaded_state()
+  // takes them from.
+  void load_moments(const torch::Tensor& parameter, int64_t step, int64_t parameter_offset,
+                    const torch::Tensor& exp_avg, const torch::Tensor& exp_avg_sq);
+
  private:
   struct ShardState;
   void sharded_step(const torch::Tensor& found_inf);

@@ -170,6 +170,50 @@ void VqaOptimizer::gather_state(runtime::Communicator& comm) {
   }
 }
 
+VqaOptimizer::OwnedMoments VqaOptimizer::owned_moments(bool with_replicated) {
+  OwnedMoments owned;
+  if (!shard_) return owned;
+  take_loaded_state();
+  const ShardState& shard = *shard_;
+  owned.step = shard.step;
+  std::vector<int64_t> flat_begin(shard.buckets.size(), -1);
+  for (size_t b = 0; b < shard.buckets.size(); ++b) {
+    if (!shard.buckets[b].sharded && !with_replicated) continue;
+    flat_begin[b] = owned.elements;
+    owned.exp_avg.push_back(shard.exp_avg[b]);
+    owned.exp_avg_sq.push_back(shard.exp_avg_sq[b]);
+    owned.elements += shard.exp_avg[b].numel();
+  }
+  std::map<const void*, int64_t> index_in_group;
+  for (const auto& group : adamw_->param_groups()) {
+    for (size_t i = 0; i < group.params().size(); ++i) {
+      index_in_group[group.params()[i].unsafeGetTensorImpl()] = static_cast<int64_t>(i);
+    }
+  }
+  for (const auto& segment : shard.segments) {
+    if (flat_begin[segment.bucket] < 0) continue;
+    const int64_t into = segment.offset - shard.buckets[segment.bucket].begin;
+    owned.runs.push_back({segment.parameter, segment.parameter_offset, segment.length,
+                          flat_begin[segment.bucket] + into, static_cast<int64_t>(segment.group),
+                          index_in_group[segment.parameter.unsafeGetTensorImpl()]});
+  }
+  return owned;
+}
+
+void VqaOptimizer::load_moments(const torch::Tensor& parameter, int64_t step,
+                                int64_t parameter_offset, const torch::Tensor& exp_avg,
+                                const torch::Tensor& exp_avg_sq) {
+  torch::NoGradGuard no_grad;
+  auto& state = adamw_state_of(*adamw_, parameter);
+  state.step(step);
+  const int64_t length = exp_avg.numel();
+  TORCH_CHECK(parameter_offset >= 0 && parameter_offset + length <= parameter.numel(),
+              "a checkpoint part's run [", parameter_offset, ", ", parameter_offset + length,
+              ") lies outside its parameter of ", parameter.numel(), " elements");
+  state.exp_avg().view({-1}).narrow(0, parameter_offset, length).copy_(exp_avg.reshape({-1}));
+  state.exp_avg_sq().view({-1}).narrow(0, parameter_offset, length).copy_(exp_avg_sq.reshape({-1}));
+}
+
 void VqaOptimizer::release_gathered_state() {
   if (shard_) adamw_->state().clear();
 }

@@ -202,7 +202,12 @@ void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const 
   for (const auto& line : report_lines) parts.log.info(line);
   const bool save_now =
       config.save_every > 0 && ((epoch + 1) % config.save_every == 0 || epoch + 1 == config.epochs);
-  if (save_now) parts.optimizer.gather_state(parts.comm);  // sharded: collective
+  // Sharded: each rank writes its own part of the moments (checkpoint_shards.h).
+  const bool sharded_save = save_now && parts.optimizer.sharded();
+  if (sharded_save) {
+    writer.begin_sharded_save(config.out, state, parts.log);
+    parts.comm.barrier();  // no stale part left when rank 0 starts looking for this save's
+  }
   if (parts.comm.rank() == 0) {
     require_finite_weights(parts.model, "checkpoints of epoch " + std::to_string(epoch));
     if (best || save_now) {
@@ -214,8 +219,10 @@ void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const 
       write_or_warn(parts.log, predictions,
                     [&] { write_predictions(predictions, eval_stats.predictions); });
     }
+  } else if (sharded_save) {
+    writer.save(config.out, parts.model, &parts.optimizer, state, config_ini,
+                config.keep_checkpoints, /*best=*/false, parts.log);
   }
-  parts.optimizer.release_gathered_state();
   parts.comm.barrier();
 }
 
@@ -225,14 +232,17 @@ void finish_epoch(TrainingParts& parts, data::ShardedLoader& test_loader, const 
 int stop_with_checkpoint(TrainingParts& parts, int signal, const std::string& config_ini,
                          const TrainState& state, CheckpointWriter& writer) {
   std::string path;
-  parts.optimizer.gather_state(parts.comm);  // sharded: collective
-  if (parts.comm.rank() == 0) {
-    require_finite_weights(parts.model, "the stop checkpoint");
+  const bool sharded = parts.optimizer.sharded();  // every rank writes its part
+  if (sharded) {
+    writer.begin_sharded_save(parts.config.out, state, parts.log);
+    parts.comm.barrier();
+  }
+  if (parts.comm.rank() == 0) require_finite_weights(parts.model, "the stop checkpoint");
+  if (parts.comm.rank() == 0 || sharded) {
     path = writer.save(parts.config.out, parts.model, &parts.optimizer, state, config_ini,
                        parts.config.keep_checkpoints, /*best=*/false, parts.log);
     writer.wait(parts.log);
   }
-  parts.optimizer.release_gathered_state();
   parts.comm.barrier();
   parts.log.info(std::string("stopped by ") + runtime::stop_signal_name(signal) + " at epoch " +
                  std::to_string(state.next_epoch) + " after " +
@@ -317,9 +327,19 @@ int run_training(TrainingParts& parts, data::ShardedLoader& train_loader,
     parts.log.epoch_header();
   }
   runtime::StopAgreement stop;
-  // Rank 0's saves; the others never save.
+  // Rank 0's saves; the others save only their parts of sharded checkpoints.
   CheckpointWriter writer(parts.config.async_checkpoint,
-                          parts.config.faults.kill_in_checkpoint_write);
+                          parts.config.faults.kill_in_checkpoint_write, parts.comm.rank(),
+                          parts.comm.world_size());
+  const bool saves = parts.config.save_every > 0 || parts.config.eval_every > 0;
+  if (saves && (parts.comm.rank() == 0 || parts.optimizer.sharded())) {
+    const int64_t staged = writer.prepare(parts.model, parts.optimizer);
+    if (staged > 0) {
+      parts.log.info("checkpoint host copy: " + std::to_string(staged >> 20) +
+                     " MiB allocated at start-up on rank 0" +
+                     (parts.optimizer.sharded() ? " (each rank: its own part's moments)" : ""));
+    }
+  }
   while (state.next_epoch < parts.config.epochs) {
     const GradientSyncStats sync_before = parts.gradients.stats();
     const EpochStats stats = train_epoch(parts, train_loader, stop, state);
