@@ -12,7 +12,11 @@
 #                             daemons it started (by their pids) and munged
 #   slurm_test_begin TAG      for a test script: exits 77 (CTest: skipped)
 #                             unless root, sets `work` to a fresh temporary
-#                             folder, and installs the traps below
+#                             folder, installs the traps below and starts
+#                             the clock of stage (below)
+#   fail MESSAGE..., stage MESSAGE...
+#                             the test's failure (slurm_test_fail) and
+#                             headings with the seconds since its begin
 #
 # A test calls slurm_cluster_stop from its EXIT trap (slurm_test_begin's does,
 # and prints the daemons' logs when the test failed) and turns INT, TERM, HUP
@@ -52,12 +56,22 @@ slurm_test_begin() {
   work=$(mktemp -d "${TMPDIR:-/tmp}/vqa-slurm-$1-XXXXXX")
   trap slurm_test_end EXIT
   trap 'exit 130' INT TERM HUP PIPE
+  slurm_test_started=$SECONDS
 }
 
+# fail MESSAGE... and stage MESSAGE..., for the test scripts: the test's
+# failure (slurm_test_fail), and a heading with the seconds since the test
+# began (slurm_test_begin, slurm_multinode_test_begin).
+slurm_test_started=$SECONDS
+fail() { slurm_test_fail "$@"; }
+stage() { echo "---- [$((SECONDS - slurm_test_started)) s] $*"; }
+
+# slurm_test_end [STOP]: a test's EXIT trap: the daemons' logs when it
+# failed, STOP (default slurm_cluster_stop), its folder removed, its status kept.
 slurm_test_end() {
   local status=$?
   ((status == 0)) || slurm_cluster_dump_logs
-  slurm_cluster_stop
+  "${1:-slurm_cluster_stop}"
   rm -rf "$work"
   slurm_test_repeat_failure
   exit "$status"

@@ -8,7 +8,13 @@
 #   slurm_multinode_test_begin TAG
 #                     for a test script: exits 77 (CTest: skipped) unless
 #                     root with network namespaces, sets `work` to a fresh
-#                     temporary folder, installs the traps below
+#                     temporary folder, installs the traps below and starts
+#                     the clock of stage (slurm_cluster.sh: fail and stage)
+#   slurm_multinode_test_cluster PREFIX HOSTS
+#                     the test's cluster: `name` set to PREFIX and the
+#                     test's pid (10 characters at most), then
+#                     slurm_multinode_start "$work/slurm" "$name" HOSTS on
+#                     a 1 Gbit/s link
 #   slurm_multinode_start DIR NAME HOSTS [emulated_hosts.sh up options]
 #                     brings up HOSTS emulated hosts NAME-h0.. (the nodes,
 #                     named after them), a controller link, munged, slurmctld
@@ -84,17 +90,17 @@ slurm_multinode_test_begin() {
   fi
   ip netns del "vqa-probe-$$"
   work=$(mktemp -d "${TMPDIR:-/tmp}/vqa-slurm-$1-XXXXXX")
-  trap slurm_multinode_test_end EXIT
+  trap 'slurm_test_end slurm_multinode_stop' EXIT
   trap 'exit 130' INT TERM HUP PIPE
+  slurm_test_started=$SECONDS
 }
 
-slurm_multinode_test_end() {
-  local status=$?
-  ((status == 0)) || slurm_cluster_dump_logs
-  slurm_multinode_stop
-  rm -rf "$work"
-  slurm_test_repeat_failure
-  exit "$status"
+slurm_multinode_test_cluster() {
+  # emulated_hosts.sh takes names of 12 characters at most.
+  name=$1$$
+  name=${name:0:10}
+  stage "cluster: $2 emulated hosts on a 1 Gbit/s link, one slurmd each"
+  slurm_multinode_start "$work/slurm" "$name" "$2" --rate 1gbit
 }
 
 # slurm_multinode_daemons: pids and names of the Slurm and munge daemons on

@@ -22,10 +22,6 @@ build=$(cd "$2" && pwd)
 source "$source_dir/tests/slurm/slurm_cluster.sh"
 
 slurm_test_begin docs_chain
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
 python=""
 for candidate in python3 /usr/bin/python3; do
   if "$candidate" -c 'import torch, h5py' 2>/dev/null; then

@@ -34,14 +34,7 @@ build=$(cd "$2" && pwd)
 source "$source_dir/tests/slurm/slurm_multinode_cluster.sh"
 
 slurm_multinode_test_begin multinode
-fail() { slurm_test_fail "$@"; }
-started=$SECONDS
-stage() { echo "---- [$((SECONDS - started)) s] $*"; }
-
-name=mn$$
-name=${name:0:10}
-stage "cluster: 2 emulated hosts on a 1 Gbit/s link, one slurmd each"
-slurm_multinode_start "$work/slurm" "$name" 2 --rate 1gbit
+slurm_multinode_test_cluster mn 2
 sinfo -N -o '%N %T %c %o'
 
 # 256 questions, global batch 32: 8 optimiser steps per epoch, 2 epochs.

@@ -58,14 +58,7 @@ build=$(cd "$2" && pwd)
 source "$source_dir/tests/slurm/slurm_multinode_cluster.sh"
 
 slurm_multinode_test_begin faults
-fail() { slurm_test_fail "$@"; }
-started=$SECONDS
-stage() { echo "---- [$((SECONDS - started)) s] $*"; }
-
-name=mf$$
-name=${name:0:10}
-stage "cluster: 2 emulated hosts on a 1 Gbit/s link, one slurmd each"
-slurm_multinode_start "$work/slurm" "$name" 2 --rate 1gbit
+slurm_multinode_test_cluster mf 2
 
 # 8 optimiser steps per epoch; each step waits 150 ms for data (a test-only
 # delay that changes no number) so that a signal or a kill lands mid-epoch.

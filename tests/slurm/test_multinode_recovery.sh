@@ -29,14 +29,7 @@ launcher=${3:-srun}
 source "$source_dir/tests/slurm/slurm_multinode_cluster.sh"
 
 slurm_multinode_test_begin recovery
-fail() { slurm_test_fail "$@"; }
-started=$SECONDS
-stage() { echo "---- [$((SECONDS - started)) s] $*"; }
-
-name=mr$$
-name=${name:0:10}
-stage "cluster: 3 emulated hosts on a 1 Gbit/s link, one slurmd each"
-slurm_multinode_start "$work/slurm" "$name" 3 --rate 1gbit
+slurm_multinode_test_cluster mr 3
 
 # 192 questions, global batch 24: 8 optimiser steps per epoch; each step
 # waits 100 ms for data (a test-only delay that changes no number) so that

@@ -23,7 +23,6 @@ launcher=${3:-mpirun}
 source "$source_dir/tests/slurm/slurm_cluster.sh"
 
 slurm_test_begin preempt
-fail() { slurm_test_fail "$@"; }
 
 slurm_cluster_start "$work/slurm"
 # 8 optimiser steps per epoch (512 questions, global batch 64), 2 epochs.

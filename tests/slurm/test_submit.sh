@@ -19,10 +19,6 @@ build=$(cd "$2" && pwd)
 source "$source_dir/tests/slurm/slurm_cluster.sh"
 
 slurm_test_begin submit
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
 
 slurm_cluster_start "$work/slurm"
 "$build/vqa_prep" synth -o "$work/synth.h5" --train-questions 256 --test-questions 64 \
