@@ -30,6 +30,9 @@ struct AllreduceMethod {
 
 // "library", "ring 1024 KiB", "ring 60 KiB", "reduce-scatter + allgather".
 std::string allreduce_method_name(const AllreduceMethod& method);
+// The method allreduce_method_name gave `name`; throws std::invalid_argument
+// for any other text.
+AllreduceMethod allreduce_method_from_name(const std::string& name);
 
 // Another method must beat the library by this factor to be chosen: where
 // they are within the probe's noise the library is kept. Over shared memory
@@ -64,6 +67,9 @@ class AllreduceChoiceTable {
   bool has(int64_t bytes) const { return choices_.count(bytes) > 0; }
   bool empty() const { return choices_.empty(); }
   AllreduceMethod lookup(int64_t bytes) const;
+  // The probed size whose choice lookup(bytes) answers with; 0 below
+  // `smallest_ring_bytes` or before any probe.
+  int64_t size_class(int64_t bytes) const;
 
  private:
   int64_t smallest_ring_bytes_;

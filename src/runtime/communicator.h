@@ -131,6 +131,20 @@ class Communicator {
   // larger size probes only the sizes not yet measured.
   virtual std::string tune_allreduce(int64_t bytes) { return ""; }
 
+  // The choice in training (train/allreduce_autotune.h): the methods an
+  // allreduce of `bytes` may use, by name, where the backend chooses one per
+  // message size (the MPI backend with --mpi-allreduce auto, 2+ ranks,
+  // 64 KiB and more); otherwise none.
+  virtual std::vector<std::string> allreduce_methods(int64_t bytes) const { return {}; }
+  // The method allreduces of `bytes` use now ("" where allreduce_methods
+  // offers none).
+  virtual std::string allreduce_method_in_use(int64_t bytes) const { return ""; }
+  // From now on allreduces in the size class of `bytes` (the probed size
+  // that answers for it) use `method`, one of allreduce_methods(bytes).
+  // Every rank calls it alike, between two steps; it first waits for the
+  // collectives in flight. Main thread only.
+  virtual void allreduce_method_set(int64_t bytes, const std::string& method) {}
+
   // The baseline vqa_allreduce_bench compares with: one blocking
   // MPI_Allreduce(MPI_SUM) per 2^30 elements, in place on a contiguous
   // float32 CPU tensor, on this communicator's own MPI communicator (Open

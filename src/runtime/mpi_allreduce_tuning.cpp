@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/allreduce_choice.h"  // allreduce_probe_sizes, allreduce_method_fastest
+#include "runtime/check.h"             // VQA_CHECK
 #include "runtime/mpi_communicator.h"  // MpiCommunicator
 #include "runtime/ring_allreduce.h"    // kRingSegmentLarge, kRingSegmentEager
 #include "util/clock.h"                // steady_seconds
@@ -19,6 +20,42 @@ std::string MpiCommunicator::tune_allreduce(int64_t bytes) {
   if (algorithm_ == MpiAllreduce::kRing) return tune_ring_segment(bytes);
   if (algorithm_ == MpiAllreduce::kAuto) return tune_by_size(bytes);
   return "";
+}
+
+namespace {
+
+// What --mpi-allreduce auto chooses from, at start-up and in training.
+const std::vector<AllreduceMethod>& auto_candidates() {
+  static const std::vector<AllreduceMethod> candidates = {
+      AllreduceMethod{AllreduceAlgorithm::kRing, kRingSegmentLarge},
+      AllreduceMethod{AllreduceAlgorithm::kRing, kRingSegmentEager},
+      AllreduceMethod{AllreduceAlgorithm::kReduceScatterAllgather, 0}, AllreduceMethod{}};
+  return candidates;
+}
+
+}  // namespace
+
+std::vector<std::string> MpiCommunicator::allreduce_methods(int64_t bytes) const {
+  if (algorithm_ != MpiAllreduce::kAuto || info_.world_size < 2 || bytes < kRingMinBytes) return {};
+  std::vector<std::string> names;
+  for (const auto& method : auto_candidates()) names.push_back(allreduce_method_name(method));
+  return names;
+}
+
+std::string MpiCommunicator::allreduce_method_in_use(int64_t bytes) const {
+  if (allreduce_methods(bytes).empty()) return "";
+  return allreduce_method_name(method_for(bytes));
+}
+
+void MpiCommunicator::allreduce_method_set(int64_t bytes, const std::string& method) {
+  const auto offered = allreduce_methods(bytes);
+  VQA_CHECK(std::find(offered.begin(), offered.end(), method) != offered.end(),
+            "allreduce_method_set: '" + method + "' is not offered at " + std::to_string(bytes) +
+                " bytes");
+  // The progress thread reads the table for every allreduce it runs.
+  drain();
+  const int64_t size = choices_.size_class(bytes);
+  choices_.set(size > 0 ? size : bytes, allreduce_method_from_name(method));
 }
 
 double MpiCommunicator::time_method(const torch::Tensor& buffer, const AllreduceMethod& method,
@@ -74,10 +111,7 @@ std::string MpiCommunicator::tune_by_size(int64_t bytes) {
   drain();
   auto buffer = torch::zeros({sizes.back() / 4}, torch::kFloat32);
   // The library runs in pieces of kLibraryPieceBytes here as in training.
-  const std::vector<AllreduceMethod> candidates = {
-      AllreduceMethod{AllreduceAlgorithm::kRing, kRingSegmentLarge},
-      AllreduceMethod{AllreduceAlgorithm::kRing, kRingSegmentEager},
-      AllreduceMethod{AllreduceAlgorithm::kReduceScatterAllgather, 0}, AllreduceMethod{}};
+  const std::vector<AllreduceMethod>& candidates = auto_candidates();
   std::string text =
       "allreduce per size (--mpi-allreduce auto; bus GB/s of ring 1024 KiB / ring 60 KiB / "
       "reduce-scatter + allgather / library -> choice):";

@@ -97,6 +97,10 @@ class MpiCommunicator final : public Communicator {
   // use the nearest size's choice. ring: the ring's segment size at `bytes`.
   // library: nothing to choose.
   std::string tune_allreduce(int64_t bytes) override;
+  // --mpi-allreduce auto: the four methods tune_allreduce times.
+  std::vector<std::string> allreduce_methods(int64_t bytes) const override;
+  std::string allreduce_method_in_use(int64_t bytes) const override;
+  void allreduce_method_set(int64_t bytes, const std::string& method) override;
   void library_allreduce_sum(const torch::Tensor& buffer) override;
   void broadcast(const torch::Tensor& buffer, int root) override;
   void barrier() override;

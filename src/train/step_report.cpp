@@ -476,6 +476,7 @@ nlohmann::json epoch_report_json(const EpochReport& report) {
           {"reference_bus_gbps", report.reference_bus_gbps},
           {"reference_bytes", report.reference_bytes},
           {"diagnosis", diagnoses},
+          {"allreduce_tuning", report.allreduce_tuning},
           {"memory",
            {{"source", report.memory.source},
             {"parameters_bytes", report.memory.parameters},

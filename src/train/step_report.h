@@ -117,6 +117,9 @@ struct EpochReport {
   // The step as the projection sees it (phases, buckets); without buckets
   // (no profile) the remedies are named without their expected gain.
   StepProfile profile;
+  // The allreduce methods tried in training and the choice
+  // (AllreduceAutotune::json()); null when none were.
+  nlohmann::json allreduce_tuning;
 };
 
 // The profile of rank 0 (whose buckets the run recorded): its phases, the

@@ -101,8 +101,10 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
                   runtime::kBackendNames)
       .add_choice(
           "mpi-allreduce", &c.mpi_allreduce,
-          "how the MPI backend averages gradient buckets: auto (per bucket size, the faster of "
-          "library and ring in a start-up probe on this fabric; the choice goes to train.log) | "
+          "how the MPI backend averages gradient buckets: auto (per bucket size, the fastest "
+          "of library, ring and reduce-scatter + allgather in a start-up probe on this fabric, "
+          "then tried in the first training steps (--allreduce-tune-steps); the choice goes "
+          "to train.log) | "
           "ring (pipelined ring over point-to-point messages, full duplex) | library (the MPI "
           "library's MPI_Allreduce)",
           runtime::kMpiAllreduceNames)
@@ -112,6 +114,12 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "gradient bucket size in MiB for the overlapped allreduce (0: auto, 20 ms of the bus "
            "bandwidth measured at start-up, between 1 and 25 MiB)",
            util::Range{0, 1e6})
+      .add("allreduce-tune-steps", &c.allreduce_tune_steps,
+           "--mpi-allreduce auto: at most this many of the first training steps try the "
+           "allreduce methods in turn (at most a quarter of the run's steps; the fastest "
+           "step time wins, stored in <out>/allreduce_tuning.json and reused on resume); 0: "
+           "keep the start-up probe's choice",
+           util::Range{0, 1000})
       .add("bf16-allreduce", &c.bf16_allreduce, "send gradients as bfloat16 (half the bytes)")
       .add_choice("sparse-embedding-sync", &c.sparse_embedding_sync,
                   "the word embedding's gradient: on (average only the rows some rank's "

@@ -103,6 +103,8 @@ struct TrainConfig {
   runtime::MpiAllreduce mpi_allreduce = runtime::MpiAllreduce::kAuto;
   int threads = 0;         // CPU threads per rank; 0: host cores / ranks on the host
   double bucket_mb = 0.0;  // 0: auto, from the start-up probe (gradient_bucket_mb)
+  // --mpi-allreduce auto: steps at most that try the methods in training (allreduce_autotune.h)
+  int allreduce_tune_steps = 16;
   bool bf16_allreduce = false;
   SparseEmbeddingSync sparse_embedding_sync = SparseEmbeddingSync::kAuto;
   // ZeRO-1: each rank keeps and updates 1/N of the AdamW state (gradient_sync.h)

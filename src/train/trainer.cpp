@@ -134,6 +134,7 @@ EpochStats train_epoch(TrainingParts& parts, data::ShardedLoader& loader,
       break;
     }
     stats.learning_rate = parts.optimizer.learning_rate(state.global_step);
+    if (parts.autotune) parts.autotune->before_step(state.global_step);
     if (parts.profile) parts.profile->before_step(state.global_step);
     stats.skipped_steps += train_step(parts, loader, epoch, state, loss_sum, samples,
                                       stats.compute_cpu_seconds, deferred);
@@ -147,17 +148,23 @@ EpochStats train_epoch(TrainingParts& parts, data::ShardedLoader& loader,
                        "); training goes on without it");
       }
     }
-    // Timings of steps the device has finished; never waits.
-    for (auto& times : parts.timer.collect(/*wait=*/false)) {
+    // Timings of steps the device has finished; never waits, except once
+    // when the allreduce trials end (the decision needs all of theirs).
+    const bool decide = parts.autotune && parts.autotune->decision_due(state.global_step);
+    for (auto& times : parts.timer.collect(/*wait=*/decide)) {
+      if (parts.autotune) parts.autotune->record(times);
       stats.step_times.push_back(std::move(times));
     }
+    if (decide) parts.autotune->decide();
     report_progress(parts.log, config, show_progress, epoch, step, steps,
                     util::seconds_since(start));
   }
   parts.gradients.wait_parameters();  // evaluation and checkpoints read them
   if (show_progress) parts.log.clear_progress();
-  for (auto& times : parts.timer.collect(/*wait=*/true))
+  for (auto& times : parts.timer.collect(/*wait=*/true)) {
+    if (parts.autotune) parts.autotune->record(times);
     stats.step_times.push_back(std::move(times));
+  }
   stats.skipped_steps += settle_deferred_skip(parts, deferred, samples);
   stats.optimizer_steps = steps;
   stats.data_wait_seconds = loader.wait_seconds() - data_wait_before;

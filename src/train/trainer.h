@@ -8,22 +8,23 @@
 
 #include <torch/torch.h>
 
-#include "data/loader.h"           // ShardedLoader
-#include "model/m3ae.h"            // M3AE
-#include "runtime/communicator.h"  // Communicator
-#include "runtime/stop_request.h"  // StopAgreement
-#include "train/batches.h"         // DeviceBatchCopy
-#include "train/deferred_flag.h"   // DeferredFlag
-#include "train/gradient_sync.h"   // GradientSynchronizer
-#include "train/loss_scaler.h"     // LossScaler
-#include "train/optimizer.h"       // VqaOptimizer
-#include "train/profile.h"         // OperatorProfile
-#include "train/step_graph.h"      // StepGraph
-#include "train/step_timer.h"      // StepTimer
-#include "train/timeline.h"        // Timeline
-#include "train/train_config.h"    // TrainConfig, FaultInjection
-#include "train/train_log.h"       // RunLog
-#include "train/train_state.h"     // TrainState, EpochStats
+#include "data/loader.h"               // ShardedLoader
+#include "model/m3ae.h"                // M3AE
+#include "runtime/communicator.h"      // Communicator
+#include "runtime/stop_request.h"      // StopAgreement
+#include "train/allreduce_autotune.h"  // AllreduceAutotune
+#include "train/batches.h"             // DeviceBatchCopy
+#include "train/deferred_flag.h"       // DeferredFlag
+#include "train/gradient_sync.h"       // GradientSynchronizer
+#include "train/loss_scaler.h"         // LossScaler
+#include "train/optimizer.h"           // VqaOptimizer
+#include "train/profile.h"             // OperatorProfile
+#include "train/step_graph.h"          // StepGraph
+#include "train/step_timer.h"          // StepTimer
+#include "train/timeline.h"            // Timeline
+#include "train/train_config.h"        // TrainConfig, FaultInjection
+#include "train/train_log.h"           // RunLog
+#include "train/train_state.h"         // TrainState, EpochStats
 
 namespace vqa::train {
 
@@ -44,6 +45,7 @@ struct TrainingParts {
   OperatorProfile* profile = nullptr;  // --profile, else none
   StepGraph* graph = nullptr;          // --cuda-graph where capture works, else none
   DeviceBatchCopy* copy = nullptr;  // batches to the device (--copy-stream); none: the plain copy
+  AllreduceAutotune* autotune = nullptr;  // --mpi-allreduce auto's trials in training, else none
 };
 
 // Optimiser steps one epoch takes with this loader and configuration.

@@ -9,24 +9,25 @@
 
 #include <cstdio>
 
-#include "data/hdf5_crash.h"       // hdf5_crash_report_install
-#include "model/m3ae.h"            // M3AE
-#include "runtime/check.h"         // rank_label
-#include "runtime/communicator.h"  // communicator_create
-#include "runtime/distributed.h"   // DistributedSession
-#include "runtime/stop_request.h"  // stop_signals_install
-#include "runtime/system_info.h"   // keep_freed_memory_for_reuse, mpi_yield_when_idle, ...
-#include "runtime/watchdog.h"      // set_collective_timeout
-#include "train/comm_setup.h"      // gradient_bucket_mb, row_sync_choice, allreduce_probe_for
-#include "train/gradient_sync.h"   // GradientSynchronizer, broadcast_module_state
-#include "train/optimizer.h"       // VqaOptimizer
-#include "train/setup.h"           // start-up steps: setup_*, open_loader, resume_if_asked, ...
-#include "train/step_timer.h"      // StepTimer
-#include "train/timeline.h"        // Timeline
-#include "train/train_config.h"    // TrainConfig, config_parse, config_finalize, config_to_ini
-#include "train/train_log.h"       // RunLog
-#include "train/trainer.h"         // TrainingParts
-#include "train/training_loop.h"   // run_training
+#include "data/hdf5_crash.h"           // hdf5_crash_report_install
+#include "model/m3ae.h"                // M3AE
+#include "runtime/check.h"             // rank_label
+#include "runtime/communicator.h"      // communicator_create
+#include "runtime/distributed.h"       // DistributedSession
+#include "runtime/stop_request.h"      // stop_signals_install
+#include "runtime/system_info.h"       // keep_freed_memory_for_reuse, mpi_yield_when_idle, ...
+#include "runtime/watchdog.h"          // set_collective_timeout
+#include "train/allreduce_autotune.h"  // AllreduceAutotune, AutotuneSetup
+#include "train/comm_setup.h"          // gradient_bucket_mb, row_sync_choice, allreduce_probe_for
+#include "train/gradient_sync.h"       // GradientSynchronizer, broadcast_module_state
+#include "train/optimizer.h"           // VqaOptimizer
+#include "train/setup.h"               // start-up steps: setup_*, open_loader, resume_if_asked, ...
+#include "train/step_timer.h"          // StepTimer
+#include "train/timeline.h"            // Timeline
+#include "train/train_config.h"        // TrainConfig, config_parse, config_finalize, config_to_ini
+#include "train/train_log.h"           // RunLog
+#include "train/trainer.h"             // TrainingParts
+#include "train/training_loop.h"       // run_training
 
 using namespace vqa;
 
@@ -120,6 +121,17 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
   const std::string resumed_from = train::resume_if_asked(config, model, optimizer, state, log);
   const auto scaler = train::setup_loss_scaler(config, device, state, log);
   parts.scaler = scaler.get();
+  // --mpi-allreduce auto: the first steps try the allreduce methods (or a
+  // resumed run reuses the stored choice).
+  train::AutotuneSetup tune_setup{
+      gradients.bucket_bytes(),
+      state.global_step,
+      steps_per_epoch * config.epochs - state.global_step,
+      config.no_comm || config.eval_only ? 0 : config.allreduce_tune_steps,
+      config.phase_timers,
+      config.out + "/allreduce_tuning.json"};
+  train::AllreduceAutotune autotune(*comm, tune_setup, log);
+  parts.autotune = &autotune;
   train::save_resolved_config(config, config_ini, rank);
   train::report_run_start(parts, train_loader, test_loader, model_config, probe, resumed_from,
                           state);

@@ -1,0 +1,144 @@
+// --mpi-allreduce auto in training: the start-up probe times each allreduce
+// method on an idle fabric, but in training the cores are busy with compute
+// and the link behaves otherwise (on a 500 Mbit/s link the probe saw the
+// methods within 5% and picked the library, which trained 9% slower than
+// the ring). So the first steps of a run try the candidates in turn: the
+// start-up choice, then each method for every gradient bucket, one step
+// each in a rotating order, kAutotuneRounds rounds after one warm-up step;
+// each candidate's step time (data wait excluded: on CPU ranks a method's
+// own CPU work lengthens backward, which its exposed communication alone
+// would miss) is the slowest rank's median over its rounds, and the fastest
+// is kept for the rest of the run. Every rank decides from the same numbers
+// (one gather), so every rank switches alike. The choice and the
+// candidates' times go to train.log, diagnosis.json (json()) and
+// <out>/allreduce_tuning.json, which a later run in the same directory with
+// the same ranks and buckets (a resume) reuses without trying again.
+//
+// The methods sum the same float32 values in another order: losses agree
+// with a run pinned to the chosen method to float32 rounding (the test
+// holds them to 1e-5 relative).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/communicator.h"  // Communicator
+#include "train/step_timer.h"      // StepTimes
+#include "train/train_log.h"       // RunLog
+
+namespace vqa::train {
+
+// Trial steps of each candidate; their median counts.
+constexpr int kAutotuneRounds = 3;
+// Fewer rounds than this and the start-up choice is kept.
+constexpr int kAutotuneMinRounds = 2;
+// At most this share of a run's optimiser steps goes to tuning.
+constexpr double kAutotuneMaxShare = 0.25;
+
+// One candidate: a name and the method of each tuned size class.
+struct AutotuneCandidate {
+  std::string name;                  // "start-up choice", "library", "ring 1024 KiB", ...
+  std::vector<std::string> methods;  // per entry of AutotuneSetup::bucket_sizes
+};
+
+// Which candidate each of the tuning window's steps runs: the window's
+// first step is a warm-up with candidate 0 (not measured), then `rounds`
+// rounds of every candidate once, round r starting at candidate r.
+class AutotuneSchedule {
+ public:
+  AutotuneSchedule() = default;
+  AutotuneSchedule(int64_t first_step, int candidates, int rounds)
+      : first_step_(first_step), candidates_(candidates), rounds_(rounds) {}
+  // Steps the window takes: the warm-up and the trials.
+  int64_t steps() const { return candidates_ > 0 ? 1 + int64_t{candidates_} * rounds_ : 0; }
+  int64_t first_step() const { return first_step_; }
+  int64_t end_step() const { return first_step_ + steps(); }  // the first step after
+  bool in_window(int64_t step) const { return step >= first_step_ && step < end_step(); }
+  // The candidate step `step` runs (0 at the warm-up); -1 outside the window.
+  int candidate_at(int64_t step) const;
+  // True for a trial step (in the window, not the warm-up).
+  bool measured(int64_t step) const { return in_window(step) && step > first_step_; }
+  int rounds() const { return rounds_; }
+
+ private:
+  int64_t first_step_ = 0;
+  int candidates_ = 0;
+  int rounds_ = 0;
+};
+
+// Rounds the budget allows: (budget - 1) / candidates, at most
+// kAutotuneRounds, 0 when under kAutotuneMinRounds. The budget is
+// min(max_steps, kAutotuneMaxShare of the steps left).
+int autotune_rounds(int candidates, int64_t max_steps, int64_t steps_left);
+
+// The decision, from every rank's median seconds per candidate.
+struct AutotuneResult {
+  std::vector<double> seconds;          // per candidate: the slowest rank's median step time
+  std::vector<double> exposed_seconds;  // per candidate: the slowest rank's median exposed comm
+  int choice = 0;
+  // The trial steps' time over what the choice would have taken, summed
+  // (rounds x (candidate - choice)): the cost of tuning against the best
+  // choice from step 1 (the warm-up, which any run pays, aside).
+  double seconds_lost = 0.0;
+};
+// rank_seconds[r][c]: rank r's median for candidate c (and the same for
+// exposed). The fastest by the slowest rank's median; a tie goes to the
+// lower index (the start-up choice first).
+AutotuneResult autotune_decide(const std::vector<std::vector<double>>& rank_seconds,
+                               const std::vector<std::vector<double>>& rank_exposed, int rounds);
+
+// The parts the tuner needs from the run.
+struct AutotuneSetup {
+  std::vector<int64_t> bucket_sizes;  // bytes as sent, in launch order
+  int64_t first_step = 0;             // the run's next optimiser step
+  int64_t steps_left = 0;             // optimiser steps the run has still to take
+  int max_steps = 0;                  // --allreduce-tune-steps
+  bool timers = true;                 // --phase-timers (the tuner reads the step times)
+  std::string stored_path;            // <out>/allreduce_tuning.json
+};
+
+// What the stored choice is valid for: the ranks and the buckets.
+std::string autotune_key(int world_size, const std::vector<int64_t>& bucket_sizes);
+
+class AllreduceAutotune {
+ public:
+  // Collective. Plans the trials, or applies the choice stored at
+  // setup.stored_path when its key matches; inactive where the communicator
+  // offers no choice (allreduce_methods), with --phase-timers false, or when
+  // the budget leaves fewer than kAutotuneMinRounds rounds (the log says which).
+  AllreduceAutotune(runtime::Communicator& comm, AutotuneSetup setup, RunLog& log);
+
+  // Before step `step`: sets the methods of its candidate (every rank alike).
+  void before_step(int64_t step);
+  // Each rank's step times as the timer hands them over (any order).
+  void record(const StepTimes& times);
+  // True after the window's last step, once: call decide() then.
+  bool decision_due(int64_t next_step) const {
+    return !decided_ && schedule_.steps() > 0 && next_step >= schedule_.end_step();
+  }
+  // Collective: every rank's medians gathered, the choice applied, logged
+  // and stored (rank 0). Every step of the window must have been recorded
+  // (on a GPU: collect the timer with wait = true first).
+  void decide();
+  // For diagnosis.json: the candidates, their times and the choice; null
+  // when nothing was tuned or reused.
+  const nlohmann::json& json() const { return json_; }
+
+ private:
+  void apply(const std::vector<std::string>& methods);
+
+  runtime::Communicator& comm_;
+  AutotuneSetup setup_;
+  RunLog& log_;
+  std::vector<int64_t> classes_;  // the buckets' sizes that the backend chooses for
+  std::vector<AutotuneCandidate> candidates_;
+  AutotuneSchedule schedule_;
+  std::vector<std::vector<double>> seconds_, exposed_;  // per candidate, this rank's trials
+  bool decided_ = false;
+  nlohmann::json json_;
+};
+
+}  // namespace vqa::train
