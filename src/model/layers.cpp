@@ -7,6 +7,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "model/autocast_state.h"  // autocast_enabled, autocast_dtype
+
 // at::scaled_dot_product_attention came with LibTorch 2.0.
 #if TORCH_VERSION_MAJOR >= 2
 #define VQA_HAVE_SDPA 1
@@ -29,18 +31,8 @@ torch::nn::LayerNormOptions layer_norm_options(int64_t hidden, double eps) {
 
 // Whether autocast is on in bf16 for x's device (CPU or CUDA).
 bool bf16_autocast_on(const torch::Tensor& x) {
-  if (!x.is_cuda() && !x.is_cpu()) return false;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-  const c10::DeviceType type = x.device().type();
-  return at::autocast::is_autocast_enabled(type) &&
-         at::autocast::get_autocast_dtype(type) == torch::kBFloat16;
-#else
-  if (x.is_cuda()) {
-    return at::autocast::is_enabled() && at::autocast::get_autocast_gpu_dtype() == torch::kBFloat16;
-  }
-  return at::autocast::is_cpu_enabled() &&
-         at::autocast::get_autocast_cpu_dtype() == torch::kBFloat16;
-#endif
+  const c10::DeviceType device = x.device().type();
+  return autocast_enabled(device) && autocast_dtype(device) == torch::kBFloat16;
 }
 
 }  // namespace

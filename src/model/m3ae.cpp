@@ -1,12 +1,10 @@
 #include "model/m3ae.h"
 
-#include <ATen/autocast_mode.h>
-#include <torch/version.h>
-
 #include <stdexcept>
 #include <unordered_set>
 
-#include "model/layers.h"  // attention_key_bias, set_bf16_hidden_states
+#include "model/autocast_state.h"  // autocast_enabled, autocast_dtype
+#include "model/layers.h"          // attention_key_bias, set_bf16_hidden_states
 
 namespace vqa::model {
 
@@ -45,19 +43,8 @@ void initialize_parameters(torch::nn::Module& model) {
 // inputs' device when it is on there, else the inputs' own (a model converted
 // to half keeps its scores in half).
 torch::ScalarType compute_dtype(const torch::Tensor& inputs) {
-  const bool cuda = inputs.is_cuda();
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-  const c10::DeviceType type = cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
-  if ((cuda || inputs.is_cpu()) && at::autocast::is_autocast_enabled(type)) {
-    return at::autocast::get_autocast_dtype(type);
-  }
-#else
-  if (cuda && at::autocast::is_enabled()) return at::autocast::get_autocast_gpu_dtype();
-  if (inputs.is_cpu() && at::autocast::is_cpu_enabled()) {
-    return at::autocast::get_autocast_cpu_dtype();
-  }
-#endif
-  return inputs.scalar_type();
+  const c10::DeviceType device = inputs.device().type();
+  return autocast_enabled(device) ? autocast_dtype(device) : inputs.scalar_type();
 }
 
 ParameterGroup group_of_child(const std::string& child) {

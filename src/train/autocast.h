@@ -6,13 +6,8 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <torch/types.h>
-#include <torch/version.h>
 
-// LibTorch 2.4 made the autocast calls take the device type and deprecated
-// the CUDA-only set_enabled / set_autocast_gpu_dtype that 1.x has.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-#define VQA_AUTOCAST_BY_DEVICE 1
-#endif
+#include "model/autocast_state.h"  // autocast_enable, autocast_disable (LibTorch's version switch)
 
 namespace vqa::train {
 
@@ -27,21 +22,11 @@ class AutocastScope {
     if (!enabled_) return;
     cache_before_ = at::autocast::is_autocast_cache_enabled();
     at::autocast::set_autocast_cache_enabled(cache);
-#ifdef VQA_AUTOCAST_BY_DEVICE
-    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-#else
-    at::autocast::set_autocast_gpu_dtype(dtype);
-    at::autocast::set_enabled(true);
-#endif
+    vqa::model::autocast_enable(at::kCUDA, dtype);
   }
   ~AutocastScope() {
     if (!enabled_) return;
-#ifdef VQA_AUTOCAST_BY_DEVICE
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-#else
-    at::autocast::set_enabled(false);
-#endif
+    vqa::model::autocast_disable(at::kCUDA);
     at::autocast::clear_cache();
     at::autocast::set_autocast_cache_enabled(cache_before_);
   }

@@ -1,18 +1,21 @@
 // The step's lean forms hold the model's function: QuickGELU as one silu,
 // q, k and v packed in one parameter (and M3AE's names mapped onto its rows),
 // no copies of the heads for the fused kernels, no attention mask for a batch
-// without padding.
+// without padding. And the one switch on the LibTorch version for autocast's
+// state reads back what it set.
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cstring>
+#include <iostream>
 #include <string>
 #include <vector>
 
-#include "model/layers.h"       // MultiHeadAttention, FeedForward, attention_key_bias
-#include "model/m3ae.h"         // M3AE, model_config_preset
-#include "model/m3ae_import.h"  // m3ae_parameter_sources
+#include "model/autocast_state.h"  // autocast_enable, autocast_enabled, autocast_dtype
+#include "model/layers.h"          // MultiHeadAttention, FeedForward, attention_key_bias
+#include "model/m3ae.h"            // M3AE, model_config_preset
+#include "model/m3ae_import.h"     // m3ae_parameter_sources
 
 namespace {
 
@@ -188,6 +191,30 @@ TEST(LeanStep, FusedAttentionCopiesNoHeads) {
     EXPECT_EQ(log.count("aten::contiguous") + log.count("aten::clone"), 0)
         << (packed ? "packed" : "separate");
   }
+}
+
+// autocast_enable / autocast_disable and the state they leave, read back
+// through autocast_enabled and autocast_dtype, per device type: on the CPU
+// it is what the model reads (the key bias's dtype, HiddenNorm).
+TEST(LeanStep, AutocastStateReadsBackWhatWasSet) {
+  using vqa::model::autocast_dtype;
+  using vqa::model::autocast_enabled;
+  ASSERT_FALSE(autocast_enabled(c10::DeviceType::CPU));
+  vqa::model::autocast_enable(c10::DeviceType::CPU, torch::kBFloat16);
+  EXPECT_TRUE(autocast_enabled(c10::DeviceType::CPU));
+  EXPECT_EQ(autocast_dtype(c10::DeviceType::CPU), torch::kBFloat16);
+  EXPECT_FALSE(autocast_enabled(c10::DeviceType::CUDA)) << "the CPU's switch only";
+  EXPECT_FALSE(autocast_enabled(c10::DeviceType::Meta)) << "neither CPU nor CUDA";
+  vqa::model::autocast_disable(c10::DeviceType::CPU);
+  EXPECT_FALSE(autocast_enabled(c10::DeviceType::CPU));
+  EXPECT_EQ(autocast_dtype(c10::DeviceType::CPU), torch::kBFloat16) << "kept when off";
+  // CUDA's state is set and read without a GPU (nothing runs under it).
+  vqa::model::autocast_enable(c10::DeviceType::CUDA, torch::kHalf);
+  EXPECT_TRUE(autocast_enabled(c10::DeviceType::CUDA));
+  EXPECT_EQ(autocast_dtype(c10::DeviceType::CUDA), torch::kHalf);
+  EXPECT_FALSE(autocast_enabled(c10::DeviceType::CPU));
+  vqa::model::autocast_disable(c10::DeviceType::CUDA);
+  EXPECT_FALSE(autocast_enabled(c10::DeviceType::CUDA));
 }
 
 }  // namespace

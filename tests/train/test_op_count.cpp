@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "model/autocast_state.h"  // autocast_enable, VQA_AUTOCAST_BY_DEVICE
 #include "model/layers.h"          // set_packed_projections
 #include "model/m3ae.h"            // M3AE, model_config_preset
 #include "op_count_held.h"         // StepOperatorCounts, kHeldOperatorCounts
@@ -120,17 +121,16 @@ class CpuAutocast {
  public:
   explicit CpuAutocast(bool enabled) : enabled_(enabled) {
     if (!enabled_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCPU, true);
+#ifdef VQA_AUTOCAST_BY_DEVICE
+    vqa::model::autocast_enable(at::kCPU, at::kBFloat16);
 #else
     throw std::runtime_error("bf16 CPU autocast is counted with LibTorch 2.4 or later");
 #endif
   }
   ~CpuAutocast() {
     if (!enabled_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_enabled(at::kCPU, false);
+#ifdef VQA_AUTOCAST_BY_DEVICE
+    vqa::model::autocast_disable(at::kCPU);
     at::autocast::clear_cache();
 #endif
   }
