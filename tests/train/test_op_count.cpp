@@ -46,8 +46,10 @@ using vqa::testing::StepOperatorCounts;
 
 std::atomic<int64_t> g_operators{0};         // aten operators (RecordScope::FUNCTION)
 std::atomic<int64_t> g_products{0};          // of them, matrix products (mm, addmm, bmm, baddbmm)
+std::atomic<int64_t> g_in_batched{0};        // of them, inside a bmm or baddbmm
 std::atomic<int64_t> g_autograd{0};          // autograd nodes run by backward
 thread_local int t_inside_multi_tensor = 0;  // open _foreach_* / _fused_* operators
+thread_local int t_inside_batched = 0;       // open bmm / baddbmm operators
 
 bool is_matrix_product(const char* name) {
   for (const char* product : {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}) {
@@ -56,26 +58,43 @@ bool is_matrix_product(const char* name) {
   return false;
 }
 
+bool is_batched_product(const char* name) {
+  return std::strcmp(name, "aten::bmm") == 0 || std::strcmp(name, "aten::baddbmm") == 0;
+}
+
 bool is_multi_tensor(const char* name) {
   return std::strncmp(name, "aten::_foreach_", 15) == 0 ||
          std::strncmp(name, "aten::_fused_", 13) == 0;
 }
 
-// Marks the calls whose end must close a multi-tensor operator.
-struct MultiTensorCall : at::ObserverContext {};
+// Marks the calls whose end must close a multi-tensor or a batched product.
+struct OpenCall : at::ObserverContext {
+  bool multi_tensor = false;
+  bool batched = false;
+};
 
 std::unique_ptr<at::ObserverContext> count_call(const at::RecordFunction& call) {
   if (call.scope() == at::RecordScope::BACKWARD_FUNCTION) ++g_autograd;
   if (call.scope() != at::RecordScope::FUNCTION || t_inside_multi_tensor > 0) return nullptr;
   ++g_operators;
+  if (t_inside_batched > 0) ++g_in_batched;
   if (is_matrix_product(call.name())) ++g_products;
-  if (!is_multi_tensor(call.name())) return nullptr;
-  ++t_inside_multi_tensor;
-  return std::make_unique<MultiTensorCall>();
+  const bool multi_tensor = is_multi_tensor(call.name());
+  const bool batched = is_batched_product(call.name());
+  if (!multi_tensor && !batched) return nullptr;
+  auto open = std::make_unique<OpenCall>();
+  open->multi_tensor = multi_tensor;
+  open->batched = batched;
+  t_inside_multi_tensor += multi_tensor ? 1 : 0;
+  t_inside_batched += batched ? 1 : 0;
+  return open;
 }
 
 void end_call(const at::RecordFunction&, at::ObserverContext* context) {
-  if (context != nullptr) --t_inside_multi_tensor;
+  if (context == nullptr) return;
+  const auto* open = static_cast<const OpenCall*>(context);
+  if (open->multi_tensor) --t_inside_multi_tensor;
+  if (open->batched) --t_inside_batched;
 }
 
 // One rank: every collective is the identity. It counts them: one rank
@@ -144,7 +163,11 @@ class CpuAutocast {
 struct CountedStep {
   StepOperatorCounts counts;
   int64_t forward_products = 0;  // matrix products in the forward
-  int64_t collectives = 0;       // the communicator's calls in the counted step
+  // Of the forward's and backward's operators, those a CPU bmm or baddbmm
+  // dispatches inside itself: one matrix product (select, addmm's
+  // resolve_conj) per matrix of the batch, where a GPU launches one kernel.
+  int64_t forward_in_batched = 0, backward_in_batched = 0;
+  int64_t collectives = 0;  // the communicator's calls in the counted step
 };
 
 constexpr double kGradClip = 1.0;  // --grad-clip, so that clipping is counted
@@ -189,6 +212,7 @@ CountedStep count_one_step(vqa::model::ModelConfig config, bool packed_attention
                 : at::CallbackHandle{};
     g_operators = 0;
     g_products = 0;
+    g_in_batched = 0;
     comm.collectives = 0;
     gradients.prepare_backward(/*sync=*/true);
     torch::Tensor loss;
@@ -198,10 +222,12 @@ CountedStep count_one_step(vqa::model::ModelConfig config, bool packed_attention
     }
     step.counts.forward = g_operators.exchange(0);
     step.forward_products = g_products.exchange(0);
+    step.forward_in_batched = g_in_batched.exchange(0);
     g_autograd = 0;
     loss.backward();
     step.counts.backward = g_operators.exchange(0);
     step.counts.autograd_nodes = g_autograd.exchange(0);
+    step.backward_in_batched = g_in_batched.exchange(0);
     gradients.finish_backward();
     if (optimizer.masks_on_device()) {
       const auto found_inf = gradients.nonfinite_flag();
@@ -330,6 +356,9 @@ TEST(OperatorCount, OneBaseCpuStepDispatchesExactlyTheHeldCounts) {
               static_cast<long long>(config.image_size));
   std::printf("  %s\n  as op_count_held.h holds them: %s\n", describe(step.counts).c_str(),
               initializer(step.counts).c_str());
+  std::printf("  of them inside a batched product's per-matrix loop: forward %lld, backward %lld\n",
+              static_cast<long long>(step.forward_in_batched),
+              static_cast<long long>(step.backward_in_batched));
   EXPECT_GT(step.counts.forward, 1000);
   EXPECT_EQ(step.collectives, 0) << "one rank sends nothing";
   if (!kOperatorCountsHeld) {
