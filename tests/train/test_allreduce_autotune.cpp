@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "runtime/allreduce_choice.h"
 #include "train/allreduce_autotune.h"
 
 namespace vqa::train {
@@ -69,6 +70,21 @@ TEST(AllreduceAutotune, StoredChoiceIsKeyedByRanksAndBuckets) {
   EXPECT_EQ(key, "3 ranks, buckets 256556 187136");
   EXPECT_NE(key, autotune_key(2, {256556, 187136}));
   EXPECT_NE(key, autotune_key(3, {256556}));
+}
+
+// The stored choice and the communicator's switch name methods by text.
+TEST(AllreduceAutotune, MethodNamesReadBackToTheirMethods) {
+  using runtime::AllreduceAlgorithm;
+  using runtime::AllreduceMethod;
+  for (const AllreduceMethod& method :
+       {AllreduceMethod{}, AllreduceMethod{AllreduceAlgorithm::kRing, int64_t{1024} << 10},
+        AllreduceMethod{AllreduceAlgorithm::kRing, int64_t{60} << 10},
+        AllreduceMethod{AllreduceAlgorithm::kReduceScatterAllgather, 0}}) {
+    const std::string name = runtime::allreduce_method_name(method);
+    EXPECT_TRUE(runtime::allreduce_method_from_name(name) == method) << name;
+  }
+  EXPECT_THROW(runtime::allreduce_method_from_name("ring 60 MiB"), std::invalid_argument);
+  EXPECT_THROW(runtime::allreduce_method_from_name("fast"), std::invalid_argument);
 }
 
 }  // namespace
