@@ -3,8 +3,9 @@
 # of the tiny preset, 3 epochs, a checkpoint each epoch:
 #  (a) written in the background, every checkpoint holds the weights of the
 #      synchronous run's bit for bit (each read back with --eval-only and
-#      exported), best_model.pt is byte for byte the synchronous one, and the
-#      final weights are the synchronous run's;
+#      exported), best_model.pt is byte for byte the synchronous one, the
+#      final weights are the synchronous run's, and the host copy was
+#      allocated at start-up (not in the first save's step);
 #  (b) rank 0 SIGKILLed while its background thread writes the second
 #      checkpoint (--test-kill-in-checkpoint-write 2, once the temporary file
 #      holds its first bytes): `latest` still names the first, the half-written
@@ -41,6 +42,9 @@ train async.log 2 "${common[@]}" --out "$work/async" --async-checkpoint true \
   --export-m3ae "$work/async-final.safetensors"
 grep -q 'epoch-0001.pt: training blocked .* writing in the background' "$work/async.log" ||
   fail "the asynchronous run did not write in the background: $(grep 'checkpoint epoch' "$work/async.log")"
+# The host copy is made before the first step, not inside the first save's.
+grep -q 'checkpoint host copy: [0-9]* MiB allocated at start-up' "$work/async.log" ||
+  fail "the asynchronous run did not allocate its host copy at start-up"
 grep -q 'epoch-0001.pt: training blocked .*(synchronous save)' "$work/sync.log" ||
   fail "the synchronous run did not save synchronously"
 cmp -s "$work/sync-final.safetensors" "$work/async-final.safetensors" ||
