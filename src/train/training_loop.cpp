@@ -131,6 +131,7 @@ void report_epoch_steps(TrainingParts& parts, int64_t epoch, const EpochStats& s
   auto report =
       epoch_report_build(epoch, parts.device.is_cuda(), summaries, bytes_per_step, probe.bus_gbps,
                          probe.bytes, settings, bucket_profiles(parts.gradients, sync_before));
+  if (parts.autotune) report.allreduce_tuning = parts.autotune->json();
   // Rank 0's per-step compute, for the projection's wait for the slowest rank.
   std::vector<double> own_seconds;
   for (const auto& step : stats.step_times) {

@@ -85,6 +85,10 @@ TEST_F(AllreduceAutotuneRuns, EveryRankTakesTheSameChoiceAndThePinnedRunTrainsAl
     }
   }
   EXPECT_EQ(record["choice"], fastest_name);
+  // The epoch's diagnosis carries the same record.
+  const json diagnosis = read_json(tuned + "/diagnosis.json");
+  ASSERT_TRUE(diagnosis.value("allreduce_tuning", json()).is_object()) << diagnosis.dump(2);
+  EXPECT_EQ(diagnosis["allreduce_tuning"]["choice"], record["choice"]) << diagnosis.dump(2);
 
   // Every rank's communicator uses the chosen methods.
   std::string chosen;
