@@ -11,8 +11,9 @@
 #include <map>
 
 #include "checkpoint_files.h"  // load_model, max_relative_difference, whole_relative_difference, ...
-#include "process.h"           // run_process, mpirun_prefix, make_temp_dir
-#include "run_files.h"         // read_metrics
+#include "checkpoint_shard_files.h"  // load_sharded_first_moments
+#include "process.h"                 // run_process, mpirun_prefix, make_temp_dir
+#include "run_files.h"               // read_metrics
 
 namespace fs = std::filesystem;
 
@@ -22,6 +23,7 @@ using vqa::testing::differing_tensors;
 using vqa::testing::global_norm;
 using vqa::testing::load_first_moments;
 using vqa::testing::load_model;
+using vqa::testing::load_sharded_first_moments;
 using vqa::testing::max_relative_difference;
 using vqa::testing::read_metrics;
 using vqa::testing::whole_relative_difference;
@@ -92,10 +94,10 @@ TEST_F(ShardOptimizer, TwoAndThreeRanksEqualOneRankWithAccumulationAndClipping) 
   // The first step's gradient, as the first moments of 1-step runs.
   const std::string first_step = "--epochs 1 --max-steps-per-epoch 1 " + batches;
   const auto first_one = load_first_moments(checkpoint(train("first-one", 1, first_step), 0));
-  const auto first_two =
-      load_first_moments(checkpoint(train("first-two", 2, first_step + "--shard-optimizer"), 0));
-  const auto first_three =
-      load_first_moments(checkpoint(train("first-three", 3, first_step + "--shard-optimizer"), 0));
+  const auto first_two = load_sharded_first_moments(
+      checkpoint(train("first-two", 2, first_step + "--shard-optimizer"), 0));
+  const auto first_three = load_sharded_first_moments(
+      checkpoint(train("first-three", 3, first_step + "--shard-optimizer"), 0));
   const double one_norm = global_norm(first_one);
   std::printf(
       "first step's gradient, relative difference as one vector: sharded 2 ranks vs 1 rank "
