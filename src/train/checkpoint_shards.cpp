@@ -283,6 +283,13 @@ void checkpoint_parts_load(const std::string& path, int64_t parts, model::M3AE& 
       c10::IValue names_value;
       archive.read("part.names", names_value);
       const auto runs = read(archive, "part.runs").to(torch::kCPU).contiguous();
+      // Each row, as checkpoint_part_fill writes it: the parameter's element
+      // offset, the run's length, its offset into exp_avg / exp_avg_sq, the
+      // parameter's group and index in it.
+      if (runs.dim() != 2 || runs.size(1) != 5 || runs.scalar_type() != torch::kInt64) {
+        throw std::runtime_error("its part.runs is " + runs.toString() + " of shape " +
+                                 c10::str(runs.sizes()) + ", not int64 rows of 5");
+      }
       const auto exp_avg = read(archive, "part.exp_avg");
       const auto exp_avg_sq = read(archive, "part.exp_avg_sq");
       std::istringstream names(names_value.toStringRef());

@@ -6,10 +6,14 @@
 // (1e-5 relative, all parameters as one vector: only the order of the sums
 // differs); a checkpoint without its manifest, with a part deleted or with a
 // corrupt part is skipped by --resume auto, with a warning naming the file,
-// for the newest complete one.
+// for the newest complete one; a part whose checksums hold but whose table
+// of runs is malformed ends the resume with an error naming the part.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <zlib.h>
+#include <nlohmann/json.hpp>
 
+#include <cinttypes>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -164,6 +168,56 @@ TEST_F(CheckpointShard, ResumeSkipsIncompleteCheckpoints) {
   EXPECT_LT(
       whole_relative_difference(load_model(checkpoint(out, 3)), load_model(checkpoint(three_, 3))),
       1e-5);
+}
+
+// A part rewritten with a table of runs of one column instead of five (as
+// a file from elsewhere could be), its sidecar and manifest entry made to
+// match: the resume refuses it naming the part, on every rank, without
+// reading past the table.
+TEST_F(CheckpointShard, MalformedPartIsRefusedNamingIt) {
+  const std::string out = directory_ + "/malformed";
+  fs::copy(three_, out, fs::copy_options::recursive);
+  fs::remove(out + "/DONE");
+  const std::string checkpoint_path = checkpoint(out, 1);
+  const std::string part = checkpoint_part_path(checkpoint_path, 1, 3);
+  torch::serialize::InputArchive in;
+  in.load_from(part);
+  torch::serialize::OutputArchive rewritten;
+  for (const auto& key : in.keys()) {
+    c10::IValue value;
+    in.read(key, value);
+    if (key == "part.runs") value = value.toTensor().narrow(1, 0, 1).contiguous();
+    rewritten.write(key, value);
+  }
+  std::string bytes;
+  rewritten.save_to([&](const void* data, size_t size) {
+    bytes.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  std::ofstream(part, std::ios::binary | std::ios::trunc) << bytes;
+  const auto crc = static_cast<uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+  char crc_hex[16];
+  std::snprintf(crc_hex, sizeof(crc_hex), "%08" PRIx32, crc);
+  std::ofstream(part + ".crc32", std::ios::trunc)
+      << "crc32 " << crc_hex << " size " << bytes.size() << "\n";
+  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(checkpoint_path + ".manifest"));
+  for (auto& entry : manifest.at("parts")) {
+    if (fs::path(part).filename() == entry.at("file").get<std::string>()) {
+      entry["size"] = bytes.size();
+      entry["crc32"] = crc_hex;
+    }
+  }
+  std::ofstream(checkpoint_path + ".manifest", std::ios::trunc) << manifest.dump();
+
+  const auto result = vqa::testing::run_process(
+      vqa::testing::mpirun_prefix(2) + VQA_TRAIN + " --train-data " + dataset_ + " --out " + out +
+          " " + kCommon + "--epochs 4 --shard-optimizer --resume " + checkpoint_path,
+      120);
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "checkpoint part " + part + " is unreadable: its part.runs"))
+      << result.output;
+  EXPECT_TRUE(contains(result.output, "not int64 rows of 5")) << result.output;
 }
 
 }  // namespace
