@@ -34,11 +34,10 @@
 #include <string>
 #include <vector>
 
-#include "model/m3ae.h"            // M3AE, model_parameter_groups
-#include "runtime/communicator.h"  // Communicator
-#include "train/adamw_update.h"    // adamw_update_fused, AdamWCoefficients
-#include "train/shard_layout.h"    // ShardBucket
-#include "train/train_config.h"    // OptimizerRecipe
+#include "model/m3ae.h"          // M3AE, model_parameter_groups
+#include "train/adamw_update.h"  // adamw_update_fused, AdamWCoefficients
+#include "train/shard_layout.h"  // ShardBucket
+#include "train/train_config.h"  // OptimizerRecipe
 
 namespace vqa::train {
 
@@ -102,13 +101,6 @@ class VqaOptimizer {
   // the next step. Throws on a GPU without ATen's fused AdamW (LibTorch 2.4).
   void shard(std::vector<ShardBucket> layout, std::function<void(int64_t)> after_bucket);
   bool sharded() const { return shard_ != nullptr; }
-  // Sharded: every rank's moments gathered into adamw()'s per-parameter
-  // states (LibTorch's format, as an unsharded run keeps them), so that a
-  // checkpoint holds the whole state and resumes at any rank count.
-  // Collective; release_gathered_state() frees the gathered copy.
-  void gather_state(runtime::Communicator& comm);
-  void release_gathered_state();
-
   // Sharded: this rank's part of the state for a sharded checkpoint
   // (checkpoint_shards.h), without any collective. `moments` are live views
   // of the owned ranges, one pair per bucket written; each run says where a

@@ -1,7 +1,7 @@
 // ZeRO-1 (--shard-optimizer): VqaOptimizer's AdamW moments for the owned
 // ranges of the gradient buckets' flat buffers only, the step over those
-// ranges, and the moments gathered back into LibTorch's per-parameter states
-// for a checkpoint.
+// ranges, and each rank's part of the moments for a sharded checkpoint and
+// back from one (checkpoint_shards.h).
 #include <algorithm>
 #include <array>
 #include <map>
@@ -142,34 +142,6 @@ void VqaOptimizer::sharded_step(const torch::Tensor& found_inf) {
   if (skip) shard.device_step.sub_(*skip);
 }
 
-void VqaOptimizer::gather_state(runtime::Communicator& comm) {
-  if (!shard_) return;
-  torch::NoGradGuard no_grad;
-  take_loaded_state();
-  ShardState& shard = *shard_;
-  for (size_t b = 0; b < shard.buckets.size(); ++b) {
-    const ShardBucket& bucket = shard.buckets[b];
-    std::array<torch::Tensor, 2> whole;
-    for (int m = 0; m < 2; ++m) {
-      const torch::Tensor& own = m == 0 ? shard.exp_avg[b] : shard.exp_avg_sq[b];
-      if (!bucket.sharded) {
-        whole[m] = own;
-        continue;
-      }
-      whole[m] = torch::zeros_like(bucket.values);
-      whole[m].narrow(0, bucket.begin, bucket.end - bucket.begin).copy_(own);
-      comm.allgather_async(whole[m])->wait();
-    }
-    for (const auto& member : bucket.members) {
-      auto& state = adamw_state_of(*adamw_, member.parameter);
-      state.step(shard.step);
-      const int64_t n = member.parameter.numel();
-      state.exp_avg().copy_(whole[0].narrow(0, member.offset, n).view_as(member.parameter));
-      state.exp_avg_sq().copy_(whole[1].narrow(0, member.offset, n).view_as(member.parameter));
-    }
-  }
-}
-
 VqaOptimizer::OwnedMoments VqaOptimizer::owned_moments(bool with_replicated) {
   OwnedMoments owned;
   if (!shard_) return owned;
@@ -212,10 +184,6 @@ void VqaOptimizer::load_moments(const torch::Tensor& parameter, int64_t step,
               ") lies outside its parameter of ", parameter.numel(), " elements");
   state.exp_avg().view({-1}).narrow(0, parameter_offset, length).copy_(exp_avg.reshape({-1}));
   state.exp_avg_sq().view({-1}).narrow(0, parameter_offset, length).copy_(exp_avg_sq.reshape({-1}));
-}
-
-void VqaOptimizer::release_gathered_state() {
-  if (shard_) adamw_->state().clear();
 }
 
 }  // namespace vqa::train
