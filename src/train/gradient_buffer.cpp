@@ -1,7 +1,9 @@
-// What the rest of the step reads from the synchronised gradient buffer:
-// the finite check, the norm clip, ZeRO-1's shard layout and parameter
-// gathers, the buckets' timings and sizes; and the start-up broadcast of a
-// module's state. The buckets and their averaging: gradient_sync.cpp.
+// The gradient buffer's layout and what the rest of the step reads from it:
+// the buckets laid out over the one buffer (and laid out again at another
+// size between steps: rebucket), the finite check, the norm clip, ZeRO-1's
+// shard layout and parameter gathers, the buckets' timings and sizes; and
+// the start-up broadcast of a module's state. The buckets' averaging:
+// gradient_sync.cpp.
 #include <algorithm>
 #include <cmath>
 
@@ -10,6 +12,118 @@
 #include "util/clock.h"  // SteadyClock, steady_seconds, seconds_since
 
 namespace vqa::train {
+
+bool GradientSynchronizer::is_row_parameter(int64_t index) const {
+  return !options_.row_sync_parameter.empty() &&
+         parameters_[index].name == options_.row_sync_parameter;
+}
+
+std::vector<std::vector<int64_t>> GradientSynchronizer::group_parameters(double bucket_mb) const {
+  const auto bucket_limit = static_cast<int64_t>(bucket_mb * 1024 * 1024);
+  // Reverse registration order: backward reaches the last layers first.
+  std::vector<std::vector<int64_t>> groups(1);
+  int64_t group_bytes = 0;
+  for (int64_t i = static_cast<int64_t>(parameters_.size()) - 1; i >= 0; --i) {
+    const int64_t bytes = parameters_[i].tensor.numel() * 4;
+    if (is_row_parameter(i)) {
+      // A bucket of its own, where backward reaches it.
+      if (!groups.back().empty()) groups.emplace_back();
+      groups.back().push_back(i);
+      groups.emplace_back();
+      group_bytes = 0;
+      continue;
+    }
+    if (!groups.back().empty() && group_bytes + bytes > bucket_limit) {
+      groups.emplace_back();
+      group_bytes = 0;
+    }
+    groups.back().push_back(i);
+    group_bytes += bytes;
+  }
+  groups.erase(std::remove_if(groups.begin(), groups.end(),
+                              [](const std::vector<int64_t>& group) { return group.empty(); }),
+               groups.end());
+  return groups;
+}
+
+std::vector<int64_t> GradientSynchronizer::lay_out_buckets() {
+  buckets_.clear();
+  row_bucket_ = -1;
+  slots_.assign(parameters_.size(), Slot{});
+  std::vector<int64_t> bucket_elements;
+  for (auto& group : group_parameters(options_.bucket_mb)) {
+    Bucket bucket;
+    if (is_row_parameter(group.front())) {
+      row_bucket_ = static_cast<int64_t>(buckets_.size());
+      bucket.row_width = parameters_[group.front()].tensor.size(1);
+    }
+    int64_t elements = 0;
+    for (size_t k = 0; k < group.size(); ++k) {
+      const int64_t index = group[k];
+      slots_[index] =
+          Slot{static_cast<int64_t>(buckets_.size()), elements, static_cast<int64_t>(k)};
+      elements += parameters_[index].tensor.numel();
+    }
+    // Sharded: padded to equal blocks, rank r's block is its own.
+    const int64_t ranks = comm_.world_size();
+    bucket.sharded = options_.shard && bucket.row_width == 0;
+    if (bucket.sharded) elements = (elements + ranks - 1) / ranks * ranks;
+    bucket.begin = bucket.sharded ? elements / ranks * comm_.rank() : 0;
+    bucket.end = bucket.sharded ? bucket.begin + elements / ranks : elements;
+    bucket.parameters = std::move(group);
+    bucket.arrived.assign(bucket.parameters.size(), false);
+    bucket_elements.push_back(elements);
+    buckets_.push_back(std::move(bucket));
+  }
+  return bucket_elements;
+}
+
+void GradientSynchronizer::view_buckets(const std::vector<int64_t>& bucket_elements) {
+  int64_t offset = 0;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& bucket = buckets_[k];
+    bucket.flat = all_gradients_.narrow(0, offset, bucket_elements[k]);
+    offset += bucket_elements[k];
+    // The row bucket's wire is made each step, as big as that step's rows.
+    if (options_.bf16 && bucket.row_width == 0) {
+      bucket.wire = torch::empty_like(bucket.flat, torch::kBFloat16);
+    }
+  }
+  stats_.buckets = static_cast<int64_t>(buckets_.size());
+  stats_.ready_before_end_sums.assign(buckets_.size(), 0.0);
+  stats_.sent_bytes_sums.assign(buckets_.size(), 0);
+  stats_.layout_first_step = stats_.synchronised_steps;
+  stats_.bytes_per_step = 0;
+  for (const int64_t bytes : bucket_bytes()) stats_.bytes_per_step += bytes;
+  slot_views_.clear();
+  for (int64_t i = 0; i < static_cast<int64_t>(parameters_.size()); ++i) {
+    const Slot& slot = slots_[i];
+    const auto& tensor = parameters_[i].tensor;
+    slot_views_.push_back(
+        buckets_[slot.bucket].flat.narrow(0, slot.offset, tensor.numel()).view(tensor.sizes()));
+  }
+}
+
+void GradientSynchronizer::rebucket(double bucket_mb) {
+  VQA_CHECK(!options_.shard,
+            "rebucket under sharded optimiser state: the parameters are views of the buckets");
+  VQA_CHECK(!step_open_, "rebucket inside an optimiser step");
+  if (bucket_mb == options_.bucket_mb) return;
+  options_.bucket_mb = bucket_mb;
+  // Unsharded, the buckets are consecutive unpadded parts of the one buffer,
+  // their parameters in the same order whatever the size: every gradient
+  // keeps its place (param.grad() stays a view of its slot), only the
+  // buckets' boundaries move.
+  view_buckets(lay_out_buckets());
+  last_ready_before_end_.clear();
+  ++stats_.layouts;
+}
+
+int64_t GradientSynchronizer::gradient_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& parameter : parameters_) bytes += parameter.tensor.numel() * 4;
+  return bytes;
+}
 
 bool GradientSynchronizer::gradients_finite() const {
   torch::NoGradGuard no_grad;
@@ -140,21 +254,35 @@ int64_t GradientSynchronizer::memory_bytes() const {
 }
 
 std::vector<int64_t> GradientSynchronizer::bucket_bytes() const {
+  return bucket_bytes_at(options_.bucket_mb);
+}
+
+std::vector<int64_t> GradientSynchronizer::bucket_bytes_at(double bucket_mb) const {
   const int64_t element = options_.bf16 ? 2 : 4;
+  const int64_t ranks = comm_.world_size();
   std::vector<int64_t> sizes;
-  for (size_t k = 0; k < buckets_.size(); ++k) {
-    const Bucket& bucket = buckets_[k];
-    if (bucket.row_width == 0) {
-      sizes.push_back(bucket.flat.numel() * element);
-    } else if (stats_.synchronised_steps > 0 && communicates_) {
-      sizes.push_back(stats_.sent_bytes_sums[k] / stats_.synchronised_steps);
-    } else {
-      const int64_t rows = std::min(bucket.flat.numel() / bucket.row_width,
-                                    std::max<int64_t>(1, options_.row_sync_expected_rows));
-      sizes.push_back(rows * bucket.row_width * element);
+  for (const auto& group : group_parameters(bucket_mb)) {
+    if (is_row_parameter(group.front())) {
+      sizes.push_back(row_bucket_bytes());
+      continue;
     }
+    int64_t elements = 0;
+    for (const int64_t index : group) elements += parameters_[index].tensor.numel();
+    if (options_.shard) elements = (elements + ranks - 1) / ranks * ranks;
+    sizes.push_back(elements * element);
   }
   return sizes;
+}
+
+int64_t GradientSynchronizer::row_bucket_bytes() const {
+  const int64_t element = options_.bf16 ? 2 : 4;
+  const Bucket& bucket = buckets_.at(row_bucket_);
+  // As averaged over the steps of this layout, or as expected before the first.
+  const int64_t steps = stats_.synchronised_steps - stats_.layout_first_step;
+  if (steps > 0 && communicates_) return stats_.sent_bytes_sums[row_bucket_] / steps;
+  const int64_t rows = std::min(bucket.flat.numel() / bucket.row_width,
+                                std::max<int64_t>(1, options_.row_sync_expected_rows));
+  return rows * bucket.row_width * element;
 }
 
 void broadcast_module_state(torch::nn::Module& module, runtime::Communicator& comm) {

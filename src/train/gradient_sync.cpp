@@ -54,66 +54,22 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
       comm_(comm),
       options_(options),
       communicates_(!options.skip_allreduce && comm.world_size() > 1) {
-  const int64_t bucket_limit = static_cast<int64_t>(options_.bucket_mb * 1024 * 1024);
-  slots_.resize(parameters_.size());
-  // Reverse registration order: backward reaches the last layers first.
-  std::vector<std::vector<int64_t>> groups(1);
-  int64_t group_bytes = 0;
   int64_t row_parameter = -1;
-  for (int64_t i = static_cast<int64_t>(parameters_.size()) - 1; i >= 0; --i) {
+  for (int64_t i = 0; i < static_cast<int64_t>(parameters_.size()); ++i) {
     const auto& tensor = parameters_[i].tensor;
     VQA_CHECK(tensor.requires_grad(),
               "parameter " + parameters_[i].name + " does not require grad");
     VQA_CHECK(tensor.scalar_type() == torch::kFloat32,
               "gradient buckets hold float32 parameters; " + parameters_[i].name + " is " +
                   std::string(c10::toString(tensor.scalar_type())));
-    const int64_t bytes = tensor.numel() * 4;
-    if (parameters_[i].name == options_.row_sync_parameter) {
-      // A bucket of its own, where backward reaches it.
-      VQA_CHECK(tensor.dim() == 2, "row sync needs a 2-D table; " + parameters_[i].name + " has " +
-                                       std::to_string(tensor.dim()) + " dimensions");
-      row_parameter = i;
-      if (!groups.back().empty()) groups.emplace_back();
-      groups.back().push_back(i);
-      groups.emplace_back();
-      group_bytes = 0;
-      continue;
-    }
-    if (!groups.back().empty() && group_bytes + bytes > bucket_limit) {
-      groups.emplace_back();
-      group_bytes = 0;
-    }
-    groups.back().push_back(i);
-    group_bytes += bytes;
+    if (parameters_[i].name != options_.row_sync_parameter) continue;
+    VQA_CHECK(tensor.dim() == 2, "row sync needs a 2-D table; " + parameters_[i].name + " has " +
+                                     std::to_string(tensor.dim()) + " dimensions");
+    row_parameter = i;
   }
   VQA_CHECK(options_.row_sync_parameter.empty() || row_parameter >= 0,
             "row sync of " + options_.row_sync_parameter + ": no trainable parameter of that name");
-  std::vector<int64_t> bucket_elements;
-  for (auto& group : groups) {
-    if (group.empty()) continue;
-    Bucket bucket;
-    if (group.front() == row_parameter) {
-      row_bucket_ = static_cast<int64_t>(buckets_.size());
-      bucket.row_width = parameters_[row_parameter].tensor.size(1);
-    }
-    int64_t elements = 0;
-    for (size_t k = 0; k < group.size(); ++k) {
-      const int64_t index = group[k];
-      slots_[index] =
-          Slot{static_cast<int64_t>(buckets_.size()), elements, static_cast<int64_t>(k)};
-      elements += parameters_[index].tensor.numel();
-    }
-    // Sharded: padded to equal blocks, rank r's block is its own.
-    const int64_t ranks = comm_.world_size();
-    bucket.sharded = options_.shard && bucket.row_width == 0;
-    if (bucket.sharded) elements = (elements + ranks - 1) / ranks * ranks;
-    bucket.begin = bucket.sharded ? elements / ranks * comm_.rank() : 0;
-    bucket.end = bucket.sharded ? bucket.begin + elements / ranks : elements;
-    bucket.parameters = std::move(group);
-    bucket.arrived.assign(bucket.parameters.size(), false);
-    bucket_elements.push_back(elements);
-    buckets_.push_back(std::move(bucket));
-  }
+  const std::vector<int64_t> bucket_elements = lay_out_buckets();
   // One buffer for every bucket, so that a pass over all the gradients (the
   // finite check, clipping) is one operator whatever the number of tensors.
   int64_t total = 0;
@@ -123,26 +79,7 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
     all_gradients_ =
         torch::zeros({total}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
   }
-  int64_t offset = 0;
-  for (size_t k = 0; k < buckets_.size(); ++k) {
-    Bucket& bucket = buckets_[k];
-    bucket.flat = all_gradients_.narrow(0, offset, bucket_elements[k]);
-    offset += bucket_elements[k];
-    // The row bucket's wire is made each step, as big as that step's rows.
-    if (options_.bf16 && bucket.row_width == 0) {
-      bucket.wire = torch::empty_like(bucket.flat, torch::kBFloat16);
-    }
-  }
-  stats_.buckets = static_cast<int64_t>(buckets_.size());
-  stats_.ready_before_end_sums.assign(buckets_.size(), 0.0);
-  stats_.sent_bytes_sums.assign(buckets_.size(), 0);
-  for (const int64_t bytes : bucket_bytes()) stats_.bytes_per_step += bytes;
-  for (int64_t i = 0; i < static_cast<int64_t>(parameters_.size()); ++i) {
-    const Slot& slot = slots_[i];
-    const auto& tensor = parameters_[i].tensor;
-    slot_views_.push_back(
-        buckets_[slot.bucket].flat.narrow(0, slot.offset, tensor.numel()).view(tensor.sizes()));
-  }
+  view_buckets(bucket_elements);
   touched_.assign(parameters_.size(), false);
   if (options_.shard) make_flat_parameters();
 

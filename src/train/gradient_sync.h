@@ -19,6 +19,11 @@
 // sequence. finish_backward() waits only for what is still in flight and points every param.grad()
 // at its slot: no copy back, no zeroing pass between steps.
 //
+// The buckets can be laid out again at another size between steps
+// (rebucket, for the in-training tuning of --bucket-mb 0): they are
+// consecutive parts of one buffer in a fixed parameter order, so only their
+// boundaries move; the gradients, and param.grad() as views of them, stay.
+//
 // Row sync (GradientSyncOptions::row_sync_parameter, the word embedding):
 // that table gets a bucket of its own, and instead of its whole gradient
 // only the rows that some rank's batches touched in this optimiser step are
@@ -86,11 +91,15 @@ struct GradientSyncStats {
   int64_t synced_rows = 0;            // row sync: rows averaged over all synchronised steps
   double exposed_wait_seconds = 0.0;  // cumulative host time finish_backward waited
   int64_t synchronised_steps = 0;
+  // Bucket layouts so far (rebucket adds one) and synchronised_steps when
+  // the current one began: the per-bucket sums below count from there.
+  int64_t layouts = 1;
+  int64_t layout_first_step = 0;
   // Cumulative seconds the backend spent running gradient allreduces
   // (queueing excluded), over the steps it could tell (timed_steps).
   double allreduce_seconds = 0.0;
   int64_t timed_steps = 0;
-  // Per bucket (launch order): seconds from the bucket's launch (its last
+  // Per bucket of the current layout (launch order): seconds from the bucket's launch (its last
   // gradient's arrival) to the end of backward (finish_backward), summed over
   // the synchronised steps; what the projection (projection.h) works from.
   std::vector<double> ready_before_end_sums;
@@ -165,6 +174,17 @@ class GradientSynchronizer {
   // Bucket sizes in bytes as sent (bfloat16 with options.bf16), in launch
   // order; the row bucket's as averaged over the steps so far (or expected).
   std::vector<int64_t> bucket_bytes() const;
+  // The same for the buckets a --bucket-mb of `bucket_mb` would lay out.
+  std::vector<int64_t> bucket_bytes_at(double bucket_mb) const;
+  // Lays the buckets out again at `bucket_mb` (the in-training tuning of
+  // --bucket-mb 0, allreduce_autotune.h). Between optimiser steps only,
+  // every rank alike at the same step (the ranks must launch the same
+  // buckets); not with sharded optimiser state, whose parameters and
+  // optimiser shards are views of the buckets (refused). Every gradient
+  // keeps its place in the one buffer; the per-bucket stats start afresh.
+  void rebucket(double bucket_mb);
+  // Float32 bytes of all the gradients (the parameters' size).
+  int64_t gradient_bytes() const;
   // True when a parameter is synchronised by rows.
   bool row_sync() const { return row_bucket_ >= 0; }
   // The float32 gradients, as param.grad() views them: the one buffer that
@@ -227,6 +247,16 @@ class GradientSynchronizer {
   };
 
   class ArrivalHook;
+  bool is_row_parameter(int64_t index) const;
+  // The parameters' indices per bucket at `bucket_mb`, in launch order.
+  std::vector<std::vector<int64_t>> group_parameters(double bucket_mb) const;
+  // buckets_, slots_ and row_bucket_ at options_.bucket_mb; returns each
+  // bucket's elements (sharded: padded).
+  std::vector<int64_t> lay_out_buckets();
+  // The buckets' flat buffers as consecutive parts of all_gradients_, the
+  // parameters' slot views and the per-bucket stats.
+  void view_buckets(const std::vector<int64_t>& bucket_elements);
+  int64_t row_bucket_bytes() const;
   void on_gradient(int64_t index);
   void launch_ready_buckets();
   void count_sent(int64_t index);  // the bucket's bytes into stats_

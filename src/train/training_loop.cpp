@@ -65,16 +65,17 @@ std::vector<BucketProfile> bucket_profiles(const GradientSynchronizer& gradients
                                            const GradientSyncStats& before) {
   const auto& now = gradients.stats();
   const auto sizes = gradients.bucket_bytes();
-  const int64_t steps = now.synchronised_steps - before.synchronised_steps;
+  // Laid out again this epoch (the bucket size tuning): the steps since.
+  const bool same_layout = now.layouts == before.layouts;
+  const int64_t steps =
+      now.synchronised_steps - (same_layout ? before.synchronised_steps : now.layout_first_step);
   std::vector<BucketProfile> buckets;
   if (steps <= 0) return buckets;
   for (size_t k = 0; k < sizes.size(); ++k) {
     const double sum =
-        now.ready_before_end_sums[k] -
-        (k < before.ready_before_end_sums.size() ? before.ready_before_end_sums[k] : 0.0);
+        now.ready_before_end_sums[k] - (same_layout ? before.ready_before_end_sums[k] : 0.0);
     // As sent this epoch where something was sent (the word embedding's rows vary).
-    const int64_t sent = now.sent_bytes_sums[k] -
-                         (k < before.sent_bytes_sums.size() ? before.sent_bytes_sums[k] : 0);
+    const int64_t sent = now.sent_bytes_sums[k] - (same_layout ? before.sent_bytes_sums[k] : 0);
     const double bytes = sent > 0 ? static_cast<double>(sent) / static_cast<double>(steps)
                                   : static_cast<double>(sizes[k]);
     buckets.push_back({bytes, sum / static_cast<double>(steps)});
@@ -323,6 +324,14 @@ int run_evaluation_only(TrainingParts& parts, data::ShardedLoader& test_loader,
 int run_training(TrainingParts& parts, data::ShardedLoader& train_loader,
                  data::ShardedLoader& test_loader, const AllreduceProbe& probe,
                  const std::string& config_ini, TrainState& state) {
+  // --mpi-allreduce auto and --bucket-mb 0: the first steps try the methods
+  // and bucket sizes (allreduce_autotune.h), or reuse the stored choice. The
+  // size on CPU ranks only: a CUDA graph replays the buckets it captured.
+  if (parts.autotune && state.next_epoch < parts.config.epochs) {
+    parts.autotune->start(
+        parts.gradients,
+        /*tune_bucket_size=*/parts.config.bucket_mb == 0 && !parts.device.is_cuda());
+  }
   if (state.next_epoch < parts.config.epochs) {
     parts.log.configuration(config_ini, state.global_step);
     parts.log.epoch_header();

@@ -1,6 +1,7 @@
 // The in-training allreduce tuner's plan and decision on given step times
 // (allreduce_autotune.h): the interleaved schedule after a warm-up step, the
-// budget, the choice by the slowest rank's medians and the cost reported.
+// budget, the choice by the slowest rank's medians and the cost reported,
+// the bucket sizes tried and the stored choice's key.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -70,6 +71,21 @@ TEST(AllreduceAutotune, StoredChoiceIsKeyedByRanksAndBuckets) {
   EXPECT_EQ(key, "3 ranks, buckets 256556 187136");
   EXPECT_NE(key, autotune_key(2, {256556, 187136}));
   EXPECT_NE(key, autotune_key(3, {256556}));
+}
+
+TEST(AllreduceAutotune, StoredSizeChoiceIsKeyedByRanksAndBytesNotTheProbesSize) {
+  const std::string key = autotune_key_tuned_size(3, 1141036);
+  EXPECT_EQ(key, "3 ranks, 1141036 bytes per step, bucket size tuned");
+  EXPECT_NE(key, autotune_key_tuned_size(2, 1141036));
+  EXPECT_NE(key, autotune_key(3, {1141036}));  // a choice of methods only is not reused
+}
+
+TEST(AllreduceAutotune, BucketSizesAreHalfAndTwiceTheSizeThatTakesEffect) {
+  // The probe's 8 MiB of 20 MiB of gradients: 4 and 16.
+  EXPECT_EQ(autotune_bucket_sizes(8.0, 20.0), (std::vector<double>{4.0, 16.0}));
+  // 19.3 MiB asked, 1.088 MiB of gradients (one bucket holds them all):
+  // around the 1.088, to 3 digits, so that the logged number pins the same buckets.
+  EXPECT_EQ(autotune_bucket_sizes(19.3, 1.08817), (std::vector<double>{0.544, 2.18}));
 }
 
 // The stored choice and the communicator's switch name methods by text.
