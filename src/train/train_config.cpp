@@ -112,7 +112,9 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            util::Range{0, 1024})
       .add("bucket-mb", &c.bucket_mb,
            "gradient bucket size in MiB for the overlapped allreduce (0: auto, 20 ms of the bus "
-           "bandwidth measured at start-up, between 1 and 25 MiB)",
+           "bandwidth measured at start-up, between 1 and 25 MiB; then on CPU ranks half and "
+           "twice the size in effect are tried in the first training steps with the methods, "
+           "the fastest kept: see --allreduce-tune-steps; not with --shard-optimizer)",
            util::Range{0, 1e6})
       .add("allreduce-tune-steps", &c.allreduce_tune_steps,
            "--mpi-allreduce auto: at most this many of the first training steps try the "
