@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/check.h"             // fatal_user_error
+#include "train/checkpoint_archive.h"  // torch_archive_load
 #include "train/checkpoint_shards.h"   // manifests and parts of sharded checkpoints
 #include "train/checkpoint_sidecar.h"  // archive_write_verified, read_verified
 #include "train/checkpoint_weights.h"  // load_module_weights
@@ -326,13 +327,14 @@ torch::Device model_device(model::M3AE& model) {
   return parameters.empty() ? torch::Device(torch::kCPU) : parameters.front().device();
 }
 
-// Runs `read` on the archive parsed onto `device`; LibTorch's errors name the file.
+// Runs `read` on the archive checked and parsed onto `device`
+// (checkpoint_archive.h); LibTorch's errors name the file.
 template <typename Read>
 void read_archive(const std::string& path, const std::string& bytes, const torch::Device& device,
                   Read read) {
   torch::serialize::InputArchive archive;
+  torch_archive_load(path, bytes, device, archive);
   try {
-    archive.load_from(bytes.data(), bytes.size(), device);
     read(archive);
   } catch (const c10::Error& e) {
     throw std::runtime_error("checkpoint " + path +

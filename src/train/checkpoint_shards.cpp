@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "runtime/check.h"             // fatal_user_error
+#include "train/checkpoint_archive.h"  // torch_archive_load
 #include "train/checkpoint_sidecar.h"  // archive_write_verified, read_verified, sidecar_read
 #include "util/durable_file.h"         // write_file_atomically
 
@@ -272,9 +273,9 @@ void checkpoint_parts_load(const std::string& path, int64_t parts, model::M3AE& 
       archive.read(key, value);
       return value;
     };
+    torch::serialize::InputArchive archive;
+    torch_archive_load(part_path, bytes, device, archive);
     try {
-      torch::serialize::InputArchive archive;
-      archive.load_from(bytes.data(), bytes.size(), device);
       if (read(archive, "part.rank").item<int64_t>() != rank ||
           read(archive, "part.parts").item<int64_t>() != parts) {
         throw std::runtime_error("its header names another rank or rank count");

@@ -1,14 +1,20 @@
 // Fuzz target: the checkpoint loader (src/train/checkpoint.cpp), which reads
 // files users were handed (--init-from, --resume, --eval-only): the CRC-32
 // sidecar check, then LibTorch's archive reader, then our copy of every
-// tensor into the model, the optimiser and the run state. The first byte
+// tensor into the model, the optimiser and the run state. Between the two,
+// the archive check (its zip, every record's CRC-32, its TorchScript source). The first byte
 // picks the sidecar and the loader:
 //   bits 0-1: 0 no sidecar (loaded unverified); 1 a sidecar that matches the
 //             bytes, so that mutations reach LibTorch; 2 the rest is the
 //             sidecar's text, a newline, then the checkpoint; 3 as 1;
-//   bit 2:    checkpoint_load_model (weights alone) instead of checkpoint_load.
+//   bit 2:    checkpoint_load_model (weights alone) instead of checkpoint_load;
+//   bit 3:    the rest is rewritten with every record stored and every zip
+//             checksum matching (stored_archive.h) before the sidecar is made,
+//             so that mutated class source and pickles reach the archive
+//             check (checkpoint_archive.h) and, past it, LibTorch.
 // The seed corpus (corpus/checkpoint, written by fuzz_checkpoint_seeds) holds
-// real checkpoints of a small model (checkpoint_model.h) and damaged ones.
+// real checkpoints of a small model (checkpoint_model.h), also with stored
+// records, and damaged ones.
 // Checked: checkpoint_verify returns (never throws); a refusal is a
 // std::runtime_error whose message starts with "checkpoint <file> "; no other
 // exception, crash or sanitizer report.
@@ -20,6 +26,7 @@
 #include "checkpoint_model.h"   // fuzz_checkpoint_model_config
 #include "fuzz_support.h"       // fuzz_require, fuzz_fail, fuzz_scratch_path
 #include "model/m3ae.h"         // M3AE
+#include "stored_archive.h"     // stored_archive
 #include "train/checkpoint.h"   // checkpoint_load, checkpoint_load_model, checkpoint_verify
 #include "train/optimizer.h"    // VqaOptimizer, OptimizerSettings
 #include "train/train_log.h"    // RunLog
@@ -50,6 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string sidecar = vqa::train::checkpoint_sidecar_path(path);
   const int mode = data[0];
   std::string bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
+  if (mode & 8) bytes = vqa::fuzz::stored_archive(bytes);
   std::error_code error;
   std::filesystem::remove(sidecar, error);
   if ((mode & 3) == 2) {

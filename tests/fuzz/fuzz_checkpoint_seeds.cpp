@@ -11,6 +11,7 @@
 
 #include "checkpoint_model.h"   // fuzz_checkpoint_model_config
 #include "model/m3ae.h"         // M3AE
+#include "stored_archive.h"     // stored_archive
 #include "train/checkpoint.h"   // checkpoint_save, checkpoint_save_best
 #include "train/optimizer.h"    // VqaOptimizer, OptimizerSettings
 #include "util/durable_file.h"  // crc32_update
@@ -32,8 +33,9 @@ std::string sidecar_of(const std::string& bytes) {
   return text;
 }
 
-// Mode bytes (fuzz_checkpoint.cpp): sidecar kind in bits 0-1, weights alone in bit 2.
-constexpr char kUnverified = 0, kVerified = 1, kOwnSidecar = 2, kWeightsOnly = 4;
+// Mode bytes (fuzz_checkpoint.cpp): sidecar kind in bits 0-1, weights alone
+// in bit 2, records stored with matching checksums in bit 3.
+constexpr char kUnverified = 0, kVerified = 1, kOwnSidecar = 2, kWeightsOnly = 4, kStored = 8;
 
 }  // namespace
 
@@ -71,8 +73,8 @@ int main(int argc, char** argv) {
   const std::string other_shape = read_bytes(scratch / "other" / "best_model.pt");
 
   // Each real archive is 160-450 kB (LibTorch writes a record per tensor):
-  // three of them, the damaged ones cut to their first 4 kB, keep the corpus
-  // under 1 MB; libFuzzer flips the mode byte and the bits in between itself.
+  // five of them, the damaged ones cut to their first 4 kB, keep the corpus
+  // under 2 MB; libFuzzer flips the mode byte and the bits in between itself.
   const std::string head = checkpoint.substr(0, 4096);
   std::string flipped = head;
   flipped[2048] ^= 0x10;
@@ -82,6 +84,10 @@ int main(int argc, char** argv) {
   seed("checkpoint-verified", kVerified, checkpoint);
   seed("best-model-weights-only", kVerified | kWeightsOnly, best);
   seed("other-shape-weights-only", kUnverified | kWeightsOnly, other_shape);
+  // Plain class source and pickles for the mutations to work on.
+  seed("checkpoint-stored-records", kVerified | kStored, fuzz::stored_archive(checkpoint));
+  seed("best-model-stored-records", kUnverified | kWeightsOnly | kStored,
+       fuzz::stored_archive(best));
   seed("truncated", kOwnSidecar, sidecar_of(checkpoint) + "\n" + head);
   seed("truncated-sidecar-matches", kVerified, head);
   seed("flipped-bit", kOwnSidecar, sidecar_of(head) + "\n" + flipped);
