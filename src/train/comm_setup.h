@@ -67,7 +67,9 @@ GradientSyncOptions gradient_sync_options_from(const TrainConfig& config, double
 // MiB; 25 on one rank): small enough on a slow link that the first bucket
 // goes out early in backward and the link stays busy, large enough on a fast
 // one that each allreduce's fixed cost stays small. Logs the choice.
-// Collective.
+// Collective. With 0 this is where training starts: on CPU ranks its first
+// steps also try half and twice the size (allreduce_autotune.h) and may lay
+// the buckets out again (GradientSynchronizer::rebucket).
 double gradient_bucket_mb(const TrainConfig& config, runtime::Communicator& comm,
                           const std::vector<NamedTensor>& parameters, const torch::Device& device,
                           RunLog& log);
