@@ -24,7 +24,9 @@ using nlohmann::json;
 namespace {
 
 constexpr int kRanks = 3;
-constexpr int kSteps = 52;  // a quarter of it (13) holds 3 rounds of 4 candidates
+// A quarter of it (16) holds 3 rounds of 5 candidates, 2 of 7 (4 or 5
+// methods, 1 or 2 other bucket sizes).
+constexpr int kSteps = 64;
 
 class AllreduceAutotuneRuns : public ::testing::Test {
  protected:
@@ -32,7 +34,7 @@ class AllreduceAutotuneRuns : public ::testing::Test {
     directory_ = vqa::testing::make_temp_dir("autotune");
     const auto result = vqa::testing::run_process(
         std::string(VQA_PREP) + " synth -o " + directory_ +
-            "/synth32.h5 --train-questions 320 --test-questions 16 --seed 5 --image-size 32",
+            "/synth32.h5 --train-questions 400 --test-questions 16 --seed 5 --image-size 32",
         120);
     ASSERT_EQ(result.exit_code, 0) << result.output;
   }
