@@ -259,6 +259,8 @@ void torch_archive_load(const std::string& path, const std::string& bytes,
   } catch (const c10::Error& e) {
     throw std::runtime_error("checkpoint " + path +
                              " is unreadable: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {  // e.g. std::out_of_range from a table of LibTorch's
+    throw std::runtime_error("checkpoint " + path + " is unreadable: " + e.what());
   }
 }
 
