@@ -11,7 +11,10 @@
 // gzip and zip) and the byte count of F. Reading checks both before LibTorch
 // parses a byte, so a truncated or corrupt file is reported as such instead
 // of failing deep inside the zip reader or, for flipped bits inside a tensor,
-// not failing at all.
+// not failing at all. A file handed over with a matching sidecar or none is
+// then checked as untrusted input before LibTorch parses it: its zip, the
+// CRC-32 of every record LibTorch parses, its TorchScript source
+// (checkpoint_archive.h).
 //
 // Durability. F is written as F.tmp and fsync'ed; its sidecar is written the
 // same way; then F.tmp is renamed to F and the directory fsync'ed; `latest`
