@@ -1,7 +1,6 @@
 #include "train/checkpoint_archive.h"
 
 #include <algorithm>
-#include <array>
 #include <cctype>
 #include <cstring>
 #include <map>

@@ -2,9 +2,10 @@
 
 #include <zlib.h>
 
-#include <algorithm>
 #include <limits>
 #include <stdexcept>
+
+#include "util/durable_file.h"  // crc32_update
 
 namespace vqa::util {
 
@@ -164,9 +165,8 @@ std::string zip_record_bytes(std::string_view bytes, const ZipRecord& record) {
     Reader::fail("record " + record.name + " uses compression method " +
                  std::to_string(record.method) + ", not stored or deflate");
   }
-  const uint32_t crc = static_cast<uint32_t>(
-      crc32(0, reinterpret_cast<const Bytef*>(out.data()), static_cast<uInt>(out.size())));
-  if (crc != record.crc32) Reader::fail("record " + record.name + " fails its CRC-32");
+  if (crc32_update(0, out.data(), out.size()) != record.crc32)
+    Reader::fail("record " + record.name + " fails its CRC-32");
   return out;
 }
 
