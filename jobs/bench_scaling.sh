@@ -26,6 +26,10 @@
 #   CONTROLS=1            0: leave out the controls at 2 ranks (allreduce off; two
 #                         independent 1-rank jobs at once, the machine's ceiling)
 #   DDP_FLAGS=            more jobs/ddp_reference.py flags, e.g. --foreach (they win)
+#   VARIANTS=             more vqa_train flag sets, ';' between them, each run at every
+#                         rank count right after the default in every repeat (rows
+#                         vqa-hpc-v1, v2, ...), e.g. "--allreduce-tune-steps 0" (the
+#                         start-up choice against the one tuned in training)
 #   PYTHON=               an interpreter that can `import torch` (default: the
 #                         first of python3, /usr/bin/python3 that can)
 #
@@ -52,6 +56,8 @@ read -r -a ranks_list <<<"${RANKS:-1 2}"
 out_dir=${OUT_DIR:-runs/scaling}
 with_ddp=${DDP:-1}
 with_controls=${CONTROLS:-1}
+variants=()
+IFS=';' read -r -a variants <<<"${VARIANTS:-}"
 
 die() {
   echo "bench_scaling.sh: $*" >&2
@@ -176,6 +182,12 @@ for r in $(seq "$repeats"); do
     result=$(run_vqa "vqa-$n-$r" "$n" "$@")
     read -r -a row <<<"$result"
     record vqa-hpc "$n" "$r" "${row[@]}"
+    for v in "${!variants[@]}"; do
+      read -r -a variant_flags <<<"${variants[v]}"
+      result=$(run_vqa "vqa-v$((v + 1))-$n-$r" "$n" "$@" "${variant_flags[@]}")
+      read -r -a row <<<"$result"
+      record "vqa-hpc-v$((v + 1))" "$n" "$r" "${row[@]}"
+    done
     if [[ $with_ddp == 1 ]]; then
       ((${#ddp_flags[@]})) || ddp_setup "$work/vqa-$n-$r"
       result=$(run_ddp "ddp-$n-$r" "$n")
@@ -217,7 +229,8 @@ for (impl, ranks), rows in groups.items():
         entry[name] = None if None in values else median(values)
     table[(impl, ranks)] = entry
 
-order = ["vqa-hpc", "pytorch-ddp", "vqa-hpc-allreduce-off", "independent-1-rank-jobs"]
+order = ["vqa-hpc"] + ["vqa-hpc-v%d" % k for k in range(1, 100)] + [
+    "pytorch-ddp", "vqa-hpc-allreduce-off", "independent-1-rank-jobs"]
 keys = sorted(table, key=lambda k: (order.index(k[0]) if k[0] in order else 99, k[1]))
 def fmt(value, spec):
     return "n/a" if value is None else format(value, spec)
@@ -260,6 +273,7 @@ EOF
         printf "exposed communication at 2 ranks (against allreduce off) = %.1f%% of the step\n", 100 * (1 - s2 / off)
       }' "$out_dir/scaling.csv"
   fi
+  for v in "${!variants[@]}"; do echo "vqa-hpc-v$((v + 1)): ${variants[v]}"; done
   echo "runs (samples/s per repeat):"
   awk -F, 'NR > 1 { printf "  %s x%s: %s\n", $1, $2, $NF }' "$out_dir/scaling.csv"
 } | tee "$out_dir/scaling.txt"

@@ -32,8 +32,18 @@
 #                         hundred rows); 0: the templates' few words
 #   RATES="none 10gbit 2500mbit 1gbit 500mbit"
 #                         link rates (tc: kbit, mbit, gbit); none = the veth unshaped
-#   OUT_DIR=runs/slow-link  gets slow_link.txt (this output), slow_link.csv and
-#                         runs.csv (every single measurement)
+#   PARTS="vqa1 vqa2 ddp1 ddp2 ddpfu allreduce"
+#                         the measurements of each repeat (vqa2 always runs): vqa_train
+#                         on 1 / 2 ranks, PyTorch on 1 rank, DDP on 2, DDP with
+#                         find_unused_parameters, vqa_allreduce_bench across the link
+#   VARIANTS=             more vqa_train flag sets, ';' between them, each run on 2 ranks in
+#                         every repeat right after the default (e.g. fixed allreduce
+#                         choices against --mpi-allreduce auto's tuning:
+#                         "--mpi-allreduce ring --bucket-mb 1;--mpi-allreduce library
+#                         --bucket-mb 4"); a second table gives each one's median
+#   OUT_DIR=runs/slow-link  gets slow_link.txt (this output), slow_link.csv,
+#                         runs.csv (every single measurement) and each 2-rank run's
+#                         allreduce tuning record (tuning-RUN.json)
 #   DDP_FLAGS=            more jobs/ddp_reference.py flags (they win)
 #   PYTHON=               an interpreter that can `import torch` (default: the
 #                         first of python3, /usr/bin/python3 that can)
@@ -68,6 +78,9 @@ image_size=${IMAGE_SIZE:-96}
 vocab_size=${VOCAB_SIZE:-0}
 read -r -a rates <<<"${RATES:-none 10gbit 2500mbit 1gbit 500mbit}"
 out_dir=${OUT_DIR:-runs/slow-link}
+read -r -a parts <<<"${PARTS:-vqa1 vqa2 ddp1 ddp2 ddpfu allreduce}"
+variants=()
+IFS=';' read -r -a variants <<<"${VARIANTS:-}"
 hosts_tool=$PWD/jobs/emulated_hosts.sh
 
 die() {
@@ -80,6 +93,11 @@ for value in "$batch" "$max_len" "$steps" "$repeats" "$image_size"; do
 done
 [[ $vocab_size =~ ^[0-9]+$ ]] || die "VOCAB_SIZE must be 0 or a positive integer, got '$vocab_size'"
 ((${#rates[@]})) || die "RATES is empty"
+for part in "${parts[@]}"; do
+  [[ " vqa1 vqa2 ddp1 ddp2 ddpfu allreduce " == *" $part "* ]] ||
+    die "PARTS holds '$part'; the parts are vqa1 vqa2 ddp1 ddp2 ddpfu allreduce"
+done
+runs_part() { [[ $1 == vqa2 || " ${parts[*]} " == *" $1 "* ]]; }
 for rate in "${rates[@]}"; do
   [[ $rate == none || $rate =~ ^[0-9.]+[kmgt]?bit$ ]] ||
     die "RATES holds '$rate', not a tc rate such as 1gbit or 500mbit, or none"
@@ -179,6 +197,9 @@ run_vqa() {
     --global-batch $((batch * ranks)) "$@" >"$work/$run.log" 2>&1 ||
     { tail -n 40 "$work/$run.log" >&2; die "vqa_train run $run failed"; }
   metrics_row "$work/$run/metrics.jsonl" "$work/$run.diagnosis"
+  # What --mpi-allreduce auto / --bucket-mb 0 tried and chose, kept past the work dir.
+  [[ -f $work/$run/allreduce_tuning.json ]] && cp "$work/$run/allreduce_tuning.json" "$out_dir/tuning-$run.json"
+  true
 }
 
 # ddp_setup RUN_DIR: the DDP reference's flags from a vqa_train run, parameter counts checked.
@@ -272,9 +293,11 @@ for rate in "${rates[@]}"; do
   first=0
   echo "link $rate" >&2
   for r in $(seq "$repeats"); do
-    result=$(run_vqa "vqa-1-$rate-$r" 1 "$@")
-    read -r -a row <<<"$result"
-    record "$rate" vqa-hpc 1 "$r" "${row[@]}"
+    if runs_part vqa1; then
+      result=$(run_vqa "vqa-1-$rate-$r" 1 "$@")
+      read -r -a row <<<"$result"
+      record "$rate" vqa-hpc 1 "$r" "${row[@]}"
+    fi
     result=$(run_vqa "vqa-2-$rate-$r" 2 "$@")
     read -r -a row <<<"$result"
     record "$rate" vqa-hpc 2 "$r" "${row[@]}"
@@ -282,15 +305,27 @@ for rate in "${rates[@]}"; do
     while IFS=$'\t' read -r rule message; do
       printf '%s\t%s\t%s\t%s\n' "$rate" "$r" "$rule" "$message" >>"$diagnosis_tsv"
     done <"$work/vqa-2-$rate-$r.diagnosis"
+    for v in "${!variants[@]}"; do
+      read -r -a variant_flags <<<"${variants[v]}"
+      result=$(run_vqa "vqa-v$((v + 1))-$rate-$r" 2 "$@" "${variant_flags[@]}")
+      read -r -a row <<<"$result"
+      record "$rate" "vqa-hpc-v$((v + 1))" 2 "$r" "${row[@]}"
+    done
     ((${#ddp_flags[@]})) || ddp_setup "$work/vqa-2-$rate-$r"
     port=$((port + 2))
-    result=$(run_ddp "ddp-1-$rate-$r" 1 0)
-    record "$rate" pytorch-ddp 1 "$r" "$result" n/a n/a n/a n/a -
-    result=$(run_ddp "ddp-2-$rate-$r" 2 "$port")
-    record "$rate" pytorch-ddp 2 "$r" "$result" n/a n/a n/a n/a -
-    result=$(run_ddp "ddpfu-2-$rate-$r" 2 $((port + 1)) --find-unused-parameters)
-    record "$rate" pytorch-ddp-find-unused 2 "$r" "$result" n/a n/a n/a n/a -
-    if [[ $bytes =~ ^[0-9]+$ ]] && ((bytes > 0)); then
+    if runs_part ddp1; then
+      result=$(run_ddp "ddp-1-$rate-$r" 1 0)
+      record "$rate" pytorch-ddp 1 "$r" "$result" n/a n/a n/a n/a -
+    fi
+    if runs_part ddp2; then
+      result=$(run_ddp "ddp-2-$rate-$r" 2 "$port")
+      record "$rate" pytorch-ddp 2 "$r" "$result" n/a n/a n/a n/a -
+    fi
+    if runs_part ddpfu; then
+      result=$(run_ddp "ddpfu-2-$rate-$r" 2 $((port + 1)) --find-unused-parameters)
+      record "$rate" pytorch-ddp-find-unused 2 "$r" "$result" n/a n/a n/a n/a -
+    fi
+    if runs_part allreduce && [[ $bytes =~ ^[0-9]+$ ]] && ((bytes > 0)); then
       result=$(run_allreduce "allreduce-$rate-$r" "$bytes" "$work/vqa-2-$rate-$r")
       read -r -a row <<<"$result"
       record "$rate" vqa-allreduce 2 "$r" n/a n/a n/a "${row[0]}" "$bytes" -
@@ -385,6 +420,45 @@ for rate, repeat, found in lines:
         # vqa_train's messages begin with their rule's name.
         print("  %-9s %s" % (rate, message if message.startswith(rule) else rule + ": " + message))
 EOF
+
+# With VARIANTS: each flag set's 2-rank median beside the default's and DDP's,
+# and what the default's tuning chose in each repeat (tuning-vqa-2-RATE-R.json).
+if ((${#variants[@]})); then
+  "$python" - "$runs_csv" "$out_dir" "${#variants[@]}" "$repeats" "${rates[@]}" <<'EOF' >>"$work/table.txt"
+import csv, json, os, sys
+runs_path, out_dir, count, repeats, rates = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
+rows = list(csv.DictReader(open(runs_path)))
+def median(impl, rate):
+    values = sorted(float(r["samples_per_second"]) for r in rows
+                    if r["rate"] == rate and r["impl"] == impl and r["ranks"] == "2")
+    return values[(len(values) - 1) // 2] if values else None
+impls = ["vqa-hpc"] + ["vqa-hpc-v%d" % (k + 1) for k in range(count)]
+names = ["default"] + ["v%d" % (k + 1) for k in range(count)]
+print()
+print("2-rank samples/s (medians) of the default and each variant; def/best: over the best variant")
+print(" ".join("%9s" % c for c in ["rate"] + names + ["ddp_2", "def/ddp2", "def/best"]))
+for rate in rates:
+    values = [median(impl, rate) for impl in impls]
+    ddp = median("pytorch-ddp", rate)
+    tried = [v for v in values[1:] if v is not None]
+    cells = ["n/a" if v is None else "%.1f" % v for v in values + [ddp]]
+    cells.append("n/a" if ddp is None or values[0] is None else "%.2f" % (values[0] / ddp))
+    cells.append("n/a" if not tried or values[0] is None else "%.3f" % (values[0] / max(tried)))
+    print(" ".join("%9s" % c for c in [rate] + cells))
+print("the default's tuning, per repeat: choice, bucket size (steps spent, seconds lost against the choice)")
+for rate in rates:
+    for r in range(1, repeats + 1):
+        path = os.path.join(out_dir, "tuning-vqa-2-%s-%d.json" % (rate, r))
+        if os.path.exists(path):
+            t = json.load(open(path))
+            choice = t.get("choice", "start-up choice kept")
+            if "MiB buckets" not in choice:
+                choice += ", %.3g MiB buckets" % t.get("bucket_mb", 0)
+            print("  %-9s %d: %s (%s steps, %.2f s)" % (
+                rate, r, choice, t.get("steps_spent", 0), t.get("seconds_lost", 0.0)))
+EOF
+  for v in "${!variants[@]}"; do echo "  v$((v + 1)): ${variants[v]}"; done >>"$work/table.txt"
+fi
 
 bytes=$(awk -F, '$2 == "vqa-hpc" && $3 == 2 { print $9; exit }' "$runs_csv")
 {

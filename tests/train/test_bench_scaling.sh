@@ -9,7 +9,9 @@
 #   - the PNG is a PNG;
 # then with the DDP model made different on purpose (DDP_FLAGS=--hidden 32)
 # the script must stop with "PARAMETER COUNTS DIFFER" before any DDP timing;
-# then the second setting (MAX_LEN=32, DDP_ATTENTION=torch) runs, and the
+# then the second setting (MAX_LEN=32, DDP_ATTENTION=torch, and a variant's
+# flags, VARIANTS="--bucket-mb 5", run beside the default: a row of its own
+# at each rank count, named in the report) runs, and the
 # nn.MultiheadAttention model equals the explicit one (1e-5, same weights).
 #
 #   tests/train/test_bench_scaling.sh SOURCE_DIR BUILD_DIR
@@ -66,7 +68,7 @@ if grep -q '^pytorch-ddp,' "$work/mismatch/runs.csv" 2>/dev/null; then
 fi
 
 # ---- 3. the second setting: questions padded to 32, nn.MultiheadAttention --
-if ! env "${settings[@]}" RANKS="1 2" MAX_LEN=32 DDP_ATTENTION=torch OUT_DIR="$work/padded" \
+if ! env "${settings[@]}" RANKS="1 2" MAX_LEN=32 DDP_ATTENTION=torch VARIANTS="--bucket-mb 5" OUT_DIR="$work/padded" \
   bash "$source_dir/jobs/bench_scaling.sh" "$build_dir" >"$work/padded.log" 2>&1; then
   cat "$work/padded.log" >&2
   fail "jobs/bench_scaling.sh MAX_LEN=32 DDP_ATTENTION=torch exited non-zero"
@@ -75,6 +77,10 @@ else
   grep -q 'questions padded to 32 tokens' "$work/padded/scaling.txt" || fail "MAX_LEN=32 not in the report's header"
   grep -q 'attention torch' "$work/padded/scaling.txt" || fail "DDP_ATTENTION=torch not in the report's header"
   grep -q '^vqa-hpc,2,' "$work/padded/scaling.csv" || fail "MAX_LEN=32: no vqa-hpc row at 2 ranks"
+  for ranks in 1 2; do
+    grep -q "^vqa-hpc-v1,$ranks," "$work/padded/scaling.csv" || fail "VARIANTS: no vqa-hpc-v1 row at $ranks ranks"
+  done
+  grep -q '^vqa-hpc-v1: --bucket-mb 5$' "$work/padded/scaling.txt" || fail "VARIANTS: the variant's flags not in the report"
 fi
 # The nn.MultiheadAttention model computes what the explicit one does, given
 # the same weights (1e-5, float32), with padded keys: the comparison is of
