@@ -46,8 +46,8 @@ nlohmann::json read_stored(const std::string& path) {
 
 int AutotuneSchedule::candidate_at(int64_t step) const {
   if (!in_window(step)) return -1;
-  if (step == first_step_) return 0;
-  const int64_t trial = step - first_step_ - 1;
+  if (step < first_step_ + kAutotuneWarmupSteps) return 0;
+  const int64_t trial = step - first_step_ - kAutotuneWarmupSteps;
   const int64_t round = trial / candidates_;
   return static_cast<int>((trial % candidates_ + round) % candidates_);
 }
@@ -56,7 +56,8 @@ int autotune_rounds(int candidates, int64_t max_steps, int64_t steps_left) {
   if (candidates < 2) return 0;
   const auto share = static_cast<int64_t>(kAutotuneMaxShare * static_cast<double>(steps_left));
   const int64_t budget = std::min(max_steps, share);
-  const int64_t rounds = std::min<int64_t>(kAutotuneRounds, (budget - 1) / candidates);
+  const int64_t rounds =
+      std::min<int64_t>(kAutotuneRounds, (budget - kAutotuneWarmupSteps) / candidates);
   return rounds >= kAutotuneMinRounds ? static_cast<int>(rounds) : 0;
 }
 
@@ -226,7 +227,7 @@ void AllreduceAutotune::start(GradientSynchronizer& gradients, bool tune_bucket_
   const int rounds = autotune_rounds(count, setup_.max_steps, setup_.steps_left);
   if (rounds == 0) {
     log_.info("allreduce tuning: off (" + std::to_string(count) + " candidates need " +
-              std::to_string(1 + count * kAutotuneMinRounds) +
+              std::to_string(kAutotuneWarmupSteps + count * kAutotuneMinRounds) +
               " steps, more than --allreduce-tune-steps " + std::to_string(setup_.max_steps) +
               " or a quarter of the " + std::to_string(setup_.steps_left) +
               " steps left); the start-up choice stays");
@@ -239,7 +240,8 @@ void AllreduceAutotune::start(GradientSynchronizer& gradients, bool tune_bucket_
   for (const auto& candidate : candidates_) names += (names.empty() ? "" : ", ") + candidate.name;
   log_.info("allreduce tuning: steps " + std::to_string(schedule_.first_step()) + "-" +
             std::to_string(schedule_.end_step() - 1) + " try " + names + " (" +
-            std::to_string(rounds) + " steps each after a warm-up step" +
+            std::to_string(rounds) + " steps each after " + std::to_string(kAutotuneWarmupSteps) +
+            " warm-up steps" +
             (tune_size_ ? "; " + format_mib(start_mb) + " buckets unless named" : "") + ")");
 }
 

@@ -6,20 +6,20 @@
 // first steps of a run try the candidates in turn: the start-up choice, then
 // each method for every gradient bucket, and with --bucket-mb 0 the
 // start-up methods with buckets of half and twice the start-up size; one
-// step each in a rotating order, kAutotuneRounds rounds after one warm-up
-// step; each candidate's step time (data wait excluded: on CPU ranks a
-// method's own CPU work lengthens backward, which its exposed communication
-// alone would miss) is the slowest rank's median over its rounds, and the
-// fastest is kept for the rest of the run. Every rank decides from the same
-// numbers (one gather), so every rank switches alike. The choice and the
+// step each in a rotating order, kAutotuneRounds rounds after
+// kAutotuneWarmupSteps warm-up steps; each candidate's step time (data wait excluded: on CPU ranks
+// a method's own CPU work lengthens backward, which its exposed communication alone would miss) is
+// the slowest rank's median over its rounds, and the fastest is kept for the rest of the run. Every
+// rank decides from the same numbers (one gather), so every rank switches alike. The choice and the
 // candidates' times go to train.log, diagnosis.json (json()) and
 // <out>/allreduce_tuning.json, which a later run in the same directory with
 // the same ranks and buckets (a resume) reuses without trying again.
 //
 // Sizes and methods form one candidate list rather than two rounds of
 // tuning (the size first, then the methods at that size): one window fits
-// the budget (6 candidates x 2 rounds + a warm-up = 13 of the default 16
-// steps, where two windows would need 23), at the price of not trying the
+// the budget (7 candidates x 2 rounds + 2 warm-up steps = the default 16
+// steps, where two windows, sizes then methods, would need 8 + 12), at the
+// price of not trying the
 // other methods at the other sizes. Half and twice: the probe's size
 // (kAutoBucketSeconds of the idle bus bandwidth) is off by the ratio of
 // the busy link to the idle one, ~0.7 on the links measured; a factor of 2
@@ -55,6 +55,12 @@ namespace vqa::train {
 
 // Trial steps of each candidate; their median counts.
 constexpr int kAutotuneRounds = 3;
+// Steps at the window's start that run the start-up choice unmeasured. Two:
+// a run's second step is still slower than the rest (by 0.2-0.8 s against
+// 0.5-1.6 s trial steps, 2 hosts on 500 Mbit/s-10 Gbit/s links), and with one
+// warm-up step it fell on the start-up choice's first trial, which then
+// never won.
+constexpr int kAutotuneWarmupSteps = 2;
 // Fewer rounds than this and the start-up choice is kept.
 constexpr int kAutotuneMinRounds = 2;
 // At most this share of a run's optimiser steps goes to tuning.
@@ -69,22 +75,27 @@ struct AutotuneCandidate {
 };
 
 // Which candidate each of the tuning window's steps runs: the window's
-// first step is a warm-up with candidate 0 (not measured), then `rounds`
-// rounds of every candidate once, round r starting at candidate r.
+// first kAutotuneWarmupSteps steps are warm-ups with candidate 0 (not
+// measured), then `rounds` rounds of every candidate once, round r starting
+// at candidate r.
 class AutotuneSchedule {
  public:
   AutotuneSchedule() = default;
   AutotuneSchedule(int64_t first_step, int candidates, int rounds)
       : first_step_(first_step), candidates_(candidates), rounds_(rounds) {}
-  // Steps the window takes: the warm-up and the trials.
-  int64_t steps() const { return candidates_ > 0 ? 1 + int64_t{candidates_} * rounds_ : 0; }
+  // Steps the window takes: the warm-ups and the trials.
+  int64_t steps() const {
+    return candidates_ > 0 ? kAutotuneWarmupSteps + int64_t{candidates_} * rounds_ : 0;
+  }
   int64_t first_step() const { return first_step_; }
   int64_t end_step() const { return first_step_ + steps(); }  // the first step after
   bool in_window(int64_t step) const { return step >= first_step_ && step < end_step(); }
-  // The candidate step `step` runs (0 at the warm-up); -1 outside the window.
+  // The candidate step `step` runs (0 at the warm-ups); -1 outside the window.
   int candidate_at(int64_t step) const;
-  // True for a trial step (in the window, not the warm-up).
-  bool measured(int64_t step) const { return in_window(step) && step > first_step_; }
+  // True for a trial step (in the window, not a warm-up).
+  bool measured(int64_t step) const {
+    return in_window(step) && step >= first_step_ + kAutotuneWarmupSteps;
+  }
   int rounds() const { return rounds_; }
 
  private:
@@ -93,7 +104,7 @@ class AutotuneSchedule {
   int rounds_ = 0;
 };
 
-// Rounds the budget allows: (budget - 1) / candidates, at most
+// Rounds the budget allows: (budget - kAutotuneWarmupSteps) / candidates, at most
 // kAutotuneRounds, 0 when under kAutotuneMinRounds. The budget is
 // min(max_steps, kAutotuneMaxShare of the steps left).
 int autotune_rounds(int candidates, int64_t max_steps, int64_t steps_left);
@@ -105,7 +116,7 @@ struct AutotuneResult {
   int choice = 0;
   // The trial steps' time over what the choice would have taken, summed
   // (rounds x (candidate - choice)): the cost of tuning against the best
-  // choice from step 1 (the warm-up, which any run pays, aside).
+  // choice from step 1 (the warm-ups, which any run pays, aside).
   double seconds_lost = 0.0;
 };
 // rank_seconds[r][c]: rank r's median for candidate c (and the same for
@@ -143,7 +154,7 @@ class AllreduceAutotune {
 
   // Collective, before the first training step. Plans the trials, or applies
   // the choice stored at setup.stored_path when its key matches; the
-  // bucket size too with `tune_bucket_size` (--bucket-mb 0 on CPU ranks),
+  // bucket size too with `tune_bucket_size` (--bucket-mb 0, no CUDA graph),
   // unless `gradients` is sharded. Inactive where there is nothing to choose
   // (no methods from allreduce_methods, no other size), with --phase-timers
   // false, or when the budget leaves fewer than kAutotuneMinRounds rounds

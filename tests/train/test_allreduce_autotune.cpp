@@ -1,5 +1,5 @@
 // The in-training allreduce tuner's plan and decision on given step times
-// (allreduce_autotune.h): the interleaved schedule after a warm-up step, the
+// (allreduce_autotune.h): the interleaved schedule after 2 warm-up steps, the
 // budget, the choice by the slowest rank's medians and the cost reported,
 // the bucket sizes tried and the stored choice's key.
 #include <gtest/gtest.h>
@@ -15,15 +15,17 @@ namespace {
 
 TEST(AllreduceAutotune, ScheduleWarmsUpThenRotatesTheCandidatesEveryRound) {
   const AutotuneSchedule schedule(/*first_step=*/10, /*candidates=*/4, /*rounds=*/3);
-  EXPECT_EQ(schedule.steps(), 13);
-  EXPECT_EQ(schedule.end_step(), 23);
+  EXPECT_EQ(schedule.steps(), 14);
+  EXPECT_EQ(schedule.end_step(), 24);
   EXPECT_EQ(schedule.candidate_at(9), -1);
-  EXPECT_EQ(schedule.candidate_at(23), -1);
-  EXPECT_EQ(schedule.candidate_at(10), 0);  // the warm-up, not measured
-  EXPECT_FALSE(schedule.measured(10));
+  EXPECT_EQ(schedule.candidate_at(24), -1);
+  for (const int64_t warm_up : {10, 11}) {  // the start-up choice, not measured
+    EXPECT_EQ(schedule.candidate_at(warm_up), 0);
+    EXPECT_FALSE(schedule.measured(warm_up));
+  }
   std::vector<int> order;
   std::map<int, int> steps_of;
-  for (int64_t step = 11; step < 23; ++step) {
+  for (int64_t step = 12; step < 24; ++step) {
     EXPECT_TRUE(schedule.measured(step));
     order.push_back(schedule.candidate_at(step));
     ++steps_of[order.back()];
@@ -35,12 +37,12 @@ TEST(AllreduceAutotune, ScheduleWarmsUpThenRotatesTheCandidatesEveryRound) {
 }
 
 TEST(AllreduceAutotune, BudgetIsTheSmallerOfTheStepsAskedAndAQuarterOfTheRun) {
-  // 4 candidates: 3 rounds need 13 steps, 2 rounds 9.
+  // 4 candidates: 3 rounds need 14 steps (2 warm-ups), 2 rounds 10.
   EXPECT_EQ(autotune_rounds(4, /*max_steps=*/16, /*steps_left=*/1000), 3);
-  EXPECT_EQ(autotune_rounds(4, 12, 1000), 2);  // (12 - 1) / 4
-  EXPECT_EQ(autotune_rounds(4, 8, 1000), 0);   // under 2 rounds: the start-up choice stays
-  EXPECT_EQ(autotune_rounds(4, 16, 52), 3);    // a quarter of 52: 13
-  EXPECT_EQ(autotune_rounds(4, 16, 51), 2);    // a quarter of 51: 12
+  EXPECT_EQ(autotune_rounds(4, 13, 1000), 2);  // (13 - 2) / 4
+  EXPECT_EQ(autotune_rounds(4, 9, 1000), 0);   // under 2 rounds: the start-up choice stays
+  EXPECT_EQ(autotune_rounds(4, 16, 56), 3);    // a quarter of 56: 14
+  EXPECT_EQ(autotune_rounds(4, 16, 55), 2);    // a quarter of 55: 13
   EXPECT_EQ(autotune_rounds(4, 16, 32), 0);    // a quarter of 32: 8
   EXPECT_EQ(autotune_rounds(1, 16, 1000), 0);  // nothing to choose between
 }
