@@ -112,13 +112,15 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            util::Range{0, 1024})
       .add("bucket-mb", &c.bucket_mb,
            "gradient bucket size in MiB for the overlapped allreduce (0: auto, 20 ms of the bus "
-           "bandwidth measured at start-up, between 1 and 25 MiB; then on CPU ranks half and "
-           "twice the size in effect are tried in the first training steps with the methods, "
-           "the fastest kept: see --allreduce-tune-steps; not with --shard-optimizer)",
+           "bandwidth measured at start-up, between 1 and 25 MiB; then half and twice the size "
+           "in effect are tried in the first training steps, with the methods on CPU ranks, "
+           "the fastest kept: see --allreduce-tune-steps; not with --shard-optimizer or "
+           "--cuda-graph)",
            util::Range{0, 1e6})
       .add("allreduce-tune-steps", &c.allreduce_tune_steps,
-           "--mpi-allreduce auto: at most this many of the first training steps try the "
-           "allreduce methods in turn (at most a quarter of the run's steps; the fastest "
+           "at most this many of the first training steps try the allreduce methods "
+           "(--mpi-allreduce auto) and bucket sizes (--bucket-mb 0) in turn (at most a quarter of "
+           "the run's steps; the fastest "
            "step time wins, stored in <out>/allreduce_tuning.json and reused on resume); 0: "
            "keep the start-up probe's choice",
            util::Range{0, 1000})

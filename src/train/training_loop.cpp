@@ -325,12 +325,13 @@ int run_training(TrainingParts& parts, data::ShardedLoader& train_loader,
                  data::ShardedLoader& test_loader, const AllreduceProbe& probe,
                  const std::string& config_ini, TrainState& state) {
   // --mpi-allreduce auto and --bucket-mb 0: the first steps try the methods
-  // and bucket sizes (allreduce_autotune.h), or reuse the stored choice. The
-  // size on CPU ranks only: a CUDA graph replays the buckets it captured.
+  // and bucket sizes (allreduce_autotune.h), or reuse the stored choice. On
+  // GPUs (NCCL picks its own algorithm) only the size, and not under
+  // --cuda-graph: the graph replays the buckets it captured.
   if (parts.autotune && state.next_epoch < parts.config.epochs) {
     parts.autotune->start(
         parts.gradients,
-        /*tune_bucket_size=*/parts.config.bucket_mb == 0 && !parts.device.is_cuda());
+        /*tune_bucket_size=*/parts.config.bucket_mb == 0 && parts.graph == nullptr);
   }
   if (state.next_epoch < parts.config.epochs) {
     parts.log.configuration(config_ini, state.global_step);
