@@ -1,35 +1,35 @@
 // --mpi-allreduce auto and --bucket-mb 0 in training: the start-up probe
 // times each allreduce method, and sizes the gradient buckets, on an idle
 // fabric, but in training the cores are busy with compute and the link
-// behaves otherwise (on a 500 Mbit/s link the probe saw the methods within
-// 5% and picked the library, which trained 9% slower than the ring). So the
+// behaves otherwise (on a 500 Mbit/s link the probe saw the methods within 5%
+// and picked the library, which trained 9% slower than the ring). So the
 // first steps of a run try the candidates in turn: the start-up choice, then
-// each method for every gradient bucket, and with --bucket-mb 0 the
-// start-up methods with buckets of half and twice the start-up size; one
-// step each in a rotating order, kAutotuneRounds rounds after
-// kAutotuneWarmupSteps warm-up steps; each candidate's step time (data wait excluded: on CPU ranks
-// a method's own CPU work lengthens backward, which its exposed communication alone would miss) is
-// the slowest rank's median over its rounds, and the fastest is kept for the rest of the run. Every
-// rank decides from the same numbers (one gather), so every rank switches alike. The choice and the
+// each method for every gradient bucket, and with --bucket-mb 0 the start-up
+// methods with buckets of half and twice the start-up size; one step each in
+// a rotating order, kAutotuneRounds rounds after kAutotuneWarmupSteps warm-up
+// steps; each candidate's step time (data wait excluded: on CPU ranks a
+// method's own CPU work lengthens backward, which its exposed communication
+// alone would miss) is the slowest rank's median over its rounds, and the
+// fastest is kept for the rest of the run. Every rank decides from the same
+// numbers (one gather), so every rank switches alike. The choice and the
 // candidates' times go to train.log, diagnosis.json (json()) and
 // <out>/allreduce_tuning.json, which a later run in the same directory with
 // the same ranks and buckets (a resume) reuses without trying again.
 //
-// Sizes and methods form one candidate list rather than two rounds of
-// tuning (the size first, then the methods at that size): one window fits
-// the budget (7 candidates x 2 rounds + 2 warm-up steps = the default 16
-// steps, where two windows, sizes then methods, would need 8 + 12), at the
-// price of not trying the
-// other methods at the other sizes. Half and twice: the probe's size
-// (kAutoBucketSeconds of the idle bus bandwidth) is off by the ratio of
+// Sizes and methods form one candidate list rather than two rounds of tuning
+// (the size first, then the methods at that size): one window fits the budget
+// (7 candidates x 2 rounds + 2 warm-up steps = the default 16 steps, where
+// two windows, sizes then methods, would need 8 + 12), at the price of not
+// trying the other methods at the other sizes. Half and twice: the probe's
+// size (kAutoBucketSeconds of the idle bus bandwidth) is off by the ratio of
 // the busy link to the idle one, ~0.7 on the links measured; a factor of 2
-// either way covers that and more, and finer steps would differ by less
-// than the noise of a few steps' medians. The size counted is the one that
-// takes effect (at most the gradients' whole size: beyond it one bucket
-// holds them all), and a size that lays out the same buckets as another is
-// not tried twice. With --shard-optimizer the parameters and the
-// optimiser's shards are views of the buckets, so the size stays (the log
-// says so) and only the methods are tried.
+// either way covers that and more, and finer steps would differ by less than
+// the noise of a few steps' medians. The size counted is the one that takes
+// effect (at most the gradients' whole size: beyond it one bucket holds them
+// all), and a size that lays out the same buckets as another is not tried
+// twice. With --shard-optimizer the parameters and the optimiser's shards are
+// views of the buckets, so the size stays (the log says so) and only the
+// methods are tried.
 //
 // The methods sum the same float32 values in another order, and so does
 // another bucket size: the ring's chunks, which set the order in which the
