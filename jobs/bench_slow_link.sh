@@ -335,10 +335,15 @@ for rate in "${rates[@]}"; do
 done
 
 # Medians per (rate, impl, ranks); one row per rate, as text and CSV; the
-# diagnosis of the 2-rank vqa_train run whose samples/s is the median.
-"$python" - "$runs_csv" "$out_dir/slow_link.csv" "$diagnosis_tsv" "${rates[@]}" <<'EOF' >"$work/table.txt"
-import csv, sys
-runs_path, table_path, diagnosis_path, rates = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+# diagnosis of the 2-rank vqa_train run whose samples/s is the median. With
+# VARIANTS also each flag set's 2-rank median beside the default's and
+# DDP's, and what the default's tuning chose in each repeat
+# (tuning-vqa-2-RATE-R.json).
+"$python" - "$runs_csv" "$out_dir/slow_link.csv" "$diagnosis_tsv" "$out_dir" "${#variants[@]}" "$repeats" \
+  "${rates[@]}" <<'EOF' >"$work/table.txt"
+import csv, json, os, sys
+runs_path, table_path, diagnosis_path, out_dir = sys.argv[1:5]
+count, repeats, rates = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7:]
 rows = list(csv.DictReader(open(runs_path)))
 
 def number(text):
@@ -419,46 +424,34 @@ for rate, repeat, found in lines:
     for rule, message in found:
         # vqa_train's messages begin with their rule's name.
         print("  %-9s %s" % (rate, message if message.startswith(rule) else rule + ": " + message))
+if count:
+    impls = ["vqa-hpc"] + ["vqa-hpc-v%d" % (k + 1) for k in range(count)]
+    names = ["default"] + ["v%d" % (k + 1) for k in range(count)]
+    print()
+    print("2-rank samples/s (medians) of the default and each variant; def/best: over the best variant")
+    print(" ".join("%9s" % c for c in ["rate"] + names + ["ddp_2", "def/ddp2", "def/best"]))
+    for rate in rates:
+        values = [med(rate, impl, 2, "samples_per_second") for impl in impls]
+        ddp = med(rate, "pytorch-ddp", 2, "samples_per_second")
+        tried = [v for v in values[1:] if v is not None]
+        cells = ["n/a" if v is None else "%.1f" % v for v in values + [ddp]]
+        cells.append("n/a" if ddp is None or values[0] is None else "%.2f" % (values[0] / ddp))
+        cells.append("n/a" if not tried or values[0] is None else "%.3f" % (values[0] / max(tried)))
+        print(" ".join("%9s" % c for c in [rate] + cells))
+    print("the default's tuning, per repeat: choice, bucket size (steps spent, seconds lost against the choice)")
+    for rate in rates:
+        for r in range(1, repeats + 1):
+            path = os.path.join(out_dir, "tuning-vqa-2-%s-%d.json" % (rate, r))
+            if os.path.exists(path):
+                t = json.load(open(path))
+                choice = t.get("choice", "start-up choice kept")
+                if "MiB buckets" not in choice:
+                    choice += ", %.3g MiB buckets" % t.get("bucket_mb", 0)
+                print("  %-9s %d: %s (%s steps, %.2f s)" % (
+                    rate, r, choice, t.get("steps_spent", 0), t.get("seconds_lost", 0.0)))
 EOF
 
-# With VARIANTS: each flag set's 2-rank median beside the default's and DDP's,
-# and what the default's tuning chose in each repeat (tuning-vqa-2-RATE-R.json).
-if ((${#variants[@]})); then
-  "$python" - "$runs_csv" "$out_dir" "${#variants[@]}" "$repeats" "${rates[@]}" <<'EOF' >>"$work/table.txt"
-import csv, json, os, sys
-runs_path, out_dir, count, repeats, rates = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
-rows = list(csv.DictReader(open(runs_path)))
-def median(impl, rate):
-    values = sorted(float(r["samples_per_second"]) for r in rows
-                    if r["rate"] == rate and r["impl"] == impl and r["ranks"] == "2")
-    return values[(len(values) - 1) // 2] if values else None
-impls = ["vqa-hpc"] + ["vqa-hpc-v%d" % (k + 1) for k in range(count)]
-names = ["default"] + ["v%d" % (k + 1) for k in range(count)]
-print()
-print("2-rank samples/s (medians) of the default and each variant; def/best: over the best variant")
-print(" ".join("%9s" % c for c in ["rate"] + names + ["ddp_2", "def/ddp2", "def/best"]))
-for rate in rates:
-    values = [median(impl, rate) for impl in impls]
-    ddp = median("pytorch-ddp", rate)
-    tried = [v for v in values[1:] if v is not None]
-    cells = ["n/a" if v is None else "%.1f" % v for v in values + [ddp]]
-    cells.append("n/a" if ddp is None or values[0] is None else "%.2f" % (values[0] / ddp))
-    cells.append("n/a" if not tried or values[0] is None else "%.3f" % (values[0] / max(tried)))
-    print(" ".join("%9s" % c for c in [rate] + cells))
-print("the default's tuning, per repeat: choice, bucket size (steps spent, seconds lost against the choice)")
-for rate in rates:
-    for r in range(1, repeats + 1):
-        path = os.path.join(out_dir, "tuning-vqa-2-%s-%d.json" % (rate, r))
-        if os.path.exists(path):
-            t = json.load(open(path))
-            choice = t.get("choice", "start-up choice kept")
-            if "MiB buckets" not in choice:
-                choice += ", %.3g MiB buckets" % t.get("bucket_mb", 0)
-            print("  %-9s %d: %s (%s steps, %.2f s)" % (
-                rate, r, choice, t.get("steps_spent", 0), t.get("seconds_lost", 0.0)))
-EOF
-  for v in "${!variants[@]}"; do echo "  v$((v + 1)): ${variants[v]}"; done >>"$work/table.txt"
-fi
+for v in "${!variants[@]}"; do echo "  v$((v + 1)): ${variants[v]}"; done >>"$work/table.txt"
 
 bytes=$(awk -F, '$2 == "vqa-hpc" && $3 == 2 { print $9; exit }' "$runs_csv")
 {
