@@ -14,6 +14,11 @@
 // the held numbers follow it (so that a later rise cannot hide under an old
 // ceiling). And after backward nothing runs per parameter tensor: a model
 // with twice the layers dispatches the same operators there.
+//
+// VQA_OP_COUNT_CALLERS=N prints, for each counted phase, the N most
+// frequent pairs of operator and caller (the innermost operator open around
+// it, "-" at the top), outside the multi-tensor operators and the batched
+// products' per-matrix loops: where a change would save operators.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -21,10 +26,14 @@
 #include <ATen/record_function.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -51,6 +60,42 @@ std::atomic<int64_t> g_autograd{0};          // autograd nodes run by backward
 thread_local int t_inside_multi_tensor = 0;  // open _foreach_* / _fused_* operators
 thread_local int t_inside_batched = 0;       // open bmm / baddbmm operators
 
+// VQA_OP_COUNT_CALLERS: how many operator <- caller pairs to print per phase
+// (0: none, and the callbacks keep no names).
+int64_t callers_to_print() {
+  static const int64_t n = [] {
+    const char* value = std::getenv("VQA_OP_COUNT_CALLERS");
+    return value == nullptr ? int64_t{0} : std::max<int64_t>(0, std::atoll(value));
+  }();
+  return n;
+}
+thread_local std::vector<const char*> t_open_names;  // open counted operators, innermost last
+std::mutex g_callers_mutex;
+std::map<std::string, int64_t> g_callers;  // "operator <- caller" -> calls this phase
+
+void note_caller(const char* name) {
+  const std::string key =
+      std::string(name) + " <- " + (t_open_names.empty() ? "-" : t_open_names.back());
+  const std::lock_guard<std::mutex> lock(g_callers_mutex);
+  ++g_callers[key];
+}
+
+// Prints the phase's most frequent pairs and starts the next phase afresh.
+void print_callers(const char* phase) {
+  std::vector<std::pair<int64_t, std::string>> rows;
+  {
+    const std::lock_guard<std::mutex> lock(g_callers_mutex);
+    for (const auto& [key, calls] : g_callers) rows.emplace_back(calls, key);
+    g_callers.clear();
+  }
+  if (callers_to_print() == 0) return;
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a > b; });
+  if (static_cast<int64_t>(rows.size()) > callers_to_print()) rows.resize(callers_to_print());
+  std::printf("  %s, operator <- caller (outside the per-matrix loops):\n", phase);
+  for (const auto& [calls, key] : rows)
+    std::printf("    %7lld  %s\n", static_cast<long long>(calls), key.c_str());
+}
+
 bool is_matrix_product(const char* name) {
   for (const char* product : {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}) {
     if (std::strcmp(name, product) == 0) return true;
@@ -67,10 +112,12 @@ bool is_multi_tensor(const char* name) {
          std::strncmp(name, "aten::_fused_", 13) == 0;
 }
 
-// Marks the calls whose end must close a multi-tensor or a batched product.
+// Marks the calls whose end must close a multi-tensor or a batched product
+// (or, with VQA_OP_COUNT_CALLERS, any counted call: its name is open).
 struct OpenCall : at::ObserverContext {
   bool multi_tensor = false;
   bool batched = false;
+  bool named = false;
 };
 
 std::unique_ptr<at::ObserverContext> count_call(const at::RecordFunction& call) {
@@ -81,10 +128,14 @@ std::unique_ptr<at::ObserverContext> count_call(const at::RecordFunction& call) 
   if (is_matrix_product(call.name())) ++g_products;
   const bool multi_tensor = is_multi_tensor(call.name());
   const bool batched = is_batched_product(call.name());
-  if (!multi_tensor && !batched) return nullptr;
+  const bool named = callers_to_print() > 0 && t_inside_batched == 0;
+  if (named) note_caller(call.name());
+  if (!multi_tensor && !batched && !named) return nullptr;
   auto open = std::make_unique<OpenCall>();
   open->multi_tensor = multi_tensor;
   open->batched = batched;
+  open->named = named;
+  if (named) t_open_names.push_back(call.name());
   t_inside_multi_tensor += multi_tensor ? 1 : 0;
   t_inside_batched += batched ? 1 : 0;
   return open;
@@ -95,6 +146,7 @@ void end_call(const at::RecordFunction&, at::ObserverContext* context) {
   const auto* open = static_cast<const OpenCall*>(context);
   if (open->multi_tensor) --t_inside_multi_tensor;
   if (open->batched) --t_inside_batched;
+  if (open->named) t_open_names.pop_back();
 }
 
 // One rank: every collective is the identity. It counts them: one rank
@@ -221,11 +273,13 @@ CountedStep count_one_step(vqa::model::ModelConfig config, bool packed_attention
       loss = vqa::train::vqa_loss(model->forward(images, token_ids, mask), targets);
     }
     step.counts.forward = g_operators.exchange(0);
+    if (counted) print_callers("forward with the loss");
     step.forward_products = g_products.exchange(0);
     step.forward_in_batched = g_in_batched.exchange(0);
     g_autograd = 0;
     loss.backward();
     step.counts.backward = g_operators.exchange(0);
+    if (counted) print_callers("backward");
     step.counts.autograd_nodes = g_autograd.exchange(0);
     step.backward_in_batched = g_in_batched.exchange(0);
     gradients.finish_backward();
@@ -240,6 +294,7 @@ CountedStep count_one_step(vqa::model::ModelConfig config, bool packed_attention
       throw std::runtime_error("a non-finite gradient in the operator-count step");
     }
     step.counts.after_backward = g_operators.exchange(0);
+    if (counted) print_callers("after backward");
     step.collectives = comm.collectives;
     if (counted) at::removeCallback(handle);
   }
