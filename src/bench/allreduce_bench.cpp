@@ -265,12 +265,12 @@ int run_bench(const BenchConfig& config, int64_t min_bytes, int64_t max_bytes,
 
     // Timed values grow with every in-place sum (doubling at 2 ranks, so
     // long runs reach infinity, which adds as fast); each timing starts
-    // from small ones.
+    // from small ones. The warm-up calls are timed to the end of their work:
+    // time_ours waits at a barrier, which drains the NCCL stream (else a
+    // GPU's per-call time is the host's launch cost, the rounds far too long).
     buffer.fill_(1.0 / 1024);
-    const auto warmup_start = vqa::util::SteadyClock::now();
-    for (int i = 0; i < std::max(config.warmup_iters, 1); ++i) comm->allreduce(buffer, op);
     const double per_call =
-        comm->max(vqa::util::seconds_since(warmup_start) / std::max(config.warmup_iters, 1));
+        comm->max(time_ours(*comm, buffer, op, std::max(config.warmup_iters, 1), false));
     constexpr double kMostIters = 1e6;
     const int iters =
         static_cast<int>(std::clamp(std::ceil(config.round_seconds / std::max(per_call, 1e-9)),
