@@ -9,6 +9,9 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "model/model_config.h"  // Activation
 
@@ -45,6 +48,12 @@ class MultiHeadAttentionImpl : public torch::nn::Module {
   // Same parameters either way. --packed-attention auto packs on GPUs only:
   // on the CPU (OpenBLAS, one thread) it measured no faster (docs/design.md).
   void set_packed_projections(bool packed);
+
+  // The tensors forward reads the parameters through, by their names in
+  // this module's named_parameters() (WeightCopies points them at copies).
+  std::vector<std::pair<std::string, torch::Tensor*>> parameter_members() {
+    return {{"in_weight", &in_weight_}, {"query_bias", &query_bias_}, {"value_bias", &value_bias_}};
+  }
 
  private:
   int64_t heads_;

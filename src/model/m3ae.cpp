@@ -91,6 +91,7 @@ torch::Tensor M3AEImpl::forward(const torch::Tensor& images, const torch::Tensor
               token_ids.sizes());
   TORCH_CHECK(images.size(0) == token_ids.size(0), "batch sizes differ: images ", images.sizes(),
               ", token_ids ", token_ids.sizes());
+  if (weight_copies_) weight_copies_->select_for_forward(images.device());
   const torch::Tensor image_tokens =
       config_.use_features ? feature_encoder_(images) : vision_transformer_(images);
   // A mask on the host is read here at no cost; one on a device is not (that
@@ -106,6 +107,15 @@ torch::Tensor M3AEImpl::forward(const torch::Tensor& images, const torch::Tensor
   const torch::Tensor text_tokens = text_(token_ids, attention_mask, text_key_bias);
   const auto [fused_text, fused_image] = fusion_(text_tokens, text_key_bias, image_tokens);
   return head_(fused_text, fused_image);
+}
+
+void M3AEImpl::use_weight_copies(at::ScalarType dtype) {
+  if (weight_copies_) throw std::logic_error("use_weight_copies: the model has copies already");
+  weight_copies_ = std::make_shared<WeightCopies>(*this, dtype);
+}
+
+torch::Tensor M3AEImpl::weight_copy(const std::string& name) const {
+  return weight_copies_ ? weight_copies_->copy_of(name) : torch::Tensor();
 }
 
 int64_t parameter_count(const torch::nn::Module& module) {

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "model/model_config.h"    // ModelConfig, model_config_preset
 #include "model/text_encoder.h"    // TextEncoder
 #include "model/vision_encoder.h"  // VisionTransformer, FeatureEncoder
+#include "model/weight_copies.h"   // WeightCopies
 
 namespace vqa::model {
 
@@ -57,6 +59,20 @@ class M3AEImpl : public torch::nn::Module {
 
   const ModelConfig& config() const { return config_; }
 
+  // From here on, whenever autocast is on in `dtype` (bfloat16 or float16)
+  // for the inputs' device, the forward computes with copies of the weights
+  // in that dtype, refreshed at its start, instead of autocast's casts of
+  // each (model/weight_copies.h); otherwise with the float32 parameters.
+  // The gradients then arrive at the copies: only GradientSynchronizer
+  // (train/gradient_sync.h, given weight_copy() of each parameter) hands
+  // them to the parameters. Call once, after the model has its device.
+  void use_weight_copies(at::ScalarType dtype);
+  // The copy standing in for a parameter (as named_parameters() names it),
+  // or an undefined tensor (no copies, or none for that parameter).
+  torch::Tensor weight_copy(const std::string& name) const;
+  // The copies, or nullptr before use_weight_copies.
+  const WeightCopies* weight_copies() const { return weight_copies_.get(); }
+
  private:
   ModelConfig config_;
   // Exactly one of the two vision encoders is built; it is registered as "vision".
@@ -65,6 +81,7 @@ class M3AEImpl : public torch::nn::Module {
   TextEncoder text_;
   CoAttentionFusion fusion_;
   VqaHead head_;
+  std::shared_ptr<WeightCopies> weight_copies_;
 };
 TORCH_MODULE(M3AE);
 

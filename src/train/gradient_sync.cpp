@@ -7,30 +7,11 @@
 
 #include <algorithm>
 
-#include "runtime/check.h"  // VQA_CHECK
-#include "util/clock.h"     // SteadyClock, steady_seconds, seconds_since
-
-// ATen's multi-tensor copy (one kernel launch for many tensors on a GPU): LibTorch 2.1 on.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-#define VQA_FOREACH_COPY 1
-#endif
+#include "model/weight_copies.h"  // copy_tensors, add_tensors
+#include "runtime/check.h"        // VQA_CHECK
+#include "util/clock.h"           // SteadyClock, steady_seconds, seconds_since
 
 namespace vqa::train {
-
-namespace {
-
-// into[i] = from[i] for every i, as one multi-tensor operator where this
-// LibTorch has one (1.13 has none: one copy per tensor there).
-void copy_tensors(const std::vector<torch::Tensor>& into, const std::vector<torch::Tensor>& from) {
-  if (into.empty()) return;
-#ifdef VQA_FOREACH_COPY
-  at::_foreach_copy_(into, from);
-#else
-  for (size_t i = 0; i < into.size(); ++i) into[i].copy_(from[i]);
-#endif
-}
-
-}  // namespace
 
 // The gradient accumulator's post hook of one parameter.
 class GradientSynchronizer::ArrivalHook final : public torch::autograd::FunctionPostHook {
@@ -62,7 +43,14 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
     VQA_CHECK(tensor.scalar_type() == torch::kFloat32,
               "gradient buckets hold float32 parameters; " + parameters_[i].name + " is " +
                   std::string(c10::toString(tensor.scalar_type())));
+    const auto& compute = parameters_[i].compute;
+    VQA_CHECK(!compute.defined() ||
+                  (compute.requires_grad() && compute.is_leaf() &&
+                   compute.sizes() == tensor.sizes() && compute.device() == tensor.device()),
+              "the compute copy of " + parameters_[i].name +
+                  " must be a leaf requiring grad, of the parameter's shape and device");
     if (parameters_[i].name != options_.row_sync_parameter) continue;
+    VQA_CHECK(!compute.defined(), "row sync of " + parameters_[i].name + ": it has a compute copy");
     VQA_CHECK(tensor.dim() == 2, "row sync needs a 2-D table; " + parameters_[i].name + " has " +
                                      std::to_string(tensor.dim()) + " dimensions");
     row_parameter = i;
@@ -84,11 +72,11 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
   if (options_.shard) make_flat_parameters();
 
   // A post hook on each parameter's gradient accumulator (as DDP's reducer
-  // does): it runs after autograd has put this backward's gradient into
-  // param.grad(). The accumulators are kept alive here, since a parameter
-  // holds its own only weakly.
+  // does), or its compute copy's: it runs after autograd has put this
+  // backward's gradient into grad(). The accumulators are kept alive here,
+  // since a tensor holds its own only weakly.
   for (int64_t i = 0; i < static_cast<int64_t>(parameters_.size()); ++i) {
-    auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[i].tensor);
+    auto accumulator = torch::autograd::impl::grad_accumulator(gradient_source(i));
     VQA_CHECK(accumulator != nullptr,
               "parameter " + parameters_[i].name + " has no gradient accumulator");
     accumulator->add_post_hook(std::make_unique<ArrivalHook>(this, i));
@@ -138,7 +126,10 @@ void GradientSynchronizer::prepare_backward(bool sync) {
     }
     // Last step's averages leave param.grad(): autograd's next gradient is
     // then stored as it is (no addition), and on_gradient moves it to the slot.
-    for (auto& parameter : parameters_) parameter.tensor.mutable_grad() = torch::Tensor();
+    for (auto& parameter : parameters_) {
+      parameter.tensor.mutable_grad() = torch::Tensor();
+      if (parameter.compute.defined()) parameter.compute.mutable_grad() = torch::Tensor();
+    }
   }
   last_micro_ = sync;
 }
@@ -189,7 +180,21 @@ void GradientSynchronizer::gather_rows() {
 // micro-steps find the slot in param.grad() and autograd adds into it in place.
 void GradientSynchronizer::on_gradient(int64_t index) {
   if (!step_open_) return;  // a backward outside prepare_backward/finish_backward
-  if (!touched_[index]) {
+  if (parameters_[index].compute.defined()) {
+    // The copy's gradient, in its dtype: staged in every micro-step (its
+    // grad() cannot be the float32 slot), copied into the slot or added.
+    torch::Tensor& grad = parameters_[index].compute.mutable_grad();
+    Bucket& bucket = buckets_[slots_[index].bucket];
+    if (grad.defined()) {
+      (touched_[index] ? bucket.added_into : bucket.staged_into).push_back(slot_views_[index]);
+      (touched_[index] ? bucket.added_from : bucket.staged_from).push_back(std::move(grad));
+      grad = torch::Tensor();
+      if (bucket.staged_into.size() + bucket.added_into.size() == bucket.parameters.size()) {
+        copy_staged(bucket);
+      }
+    }
+    touched_[index] = true;
+  } else if (!touched_[index]) {
     torch::NoGradGuard no_grad;
     torch::Tensor& grad = parameters_[index].tensor.mutable_grad();
     Bucket& bucket = buckets_[slots_[index].bucket];
@@ -236,11 +241,14 @@ void GradientSynchronizer::launch_ready_buckets() {
 }
 
 void GradientSynchronizer::copy_staged(Bucket& bucket) {
-  if (bucket.staged_into.empty()) return;
+  if (bucket.staged_into.empty() && bucket.added_into.empty()) return;
   torch::NoGradGuard no_grad;
-  copy_tensors(bucket.staged_into, bucket.staged_from);
+  model::copy_tensors(bucket.staged_into, bucket.staged_from);
+  model::add_tensors(bucket.added_into, bucket.added_from);
   bucket.staged_into.clear();
   bucket.staged_from.clear();  // autograd's tensors freed: one copy of each gradient remains
+  bucket.added_into.clear();
+  bucket.added_from.clear();
 }
 
 void GradientSynchronizer::copy_staged_gradients() {

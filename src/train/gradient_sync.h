@@ -24,6 +24,13 @@
 // consecutive parts of one buffer in a fixed parameter order, so only their
 // boundaries move; the gradients, and param.grad() as views of them, stay.
 //
+// A parameter the forward uses through a lower-precision copy
+// (NamedTensor::compute: model::WeightCopies) has the hook on the copy's
+// accumulator instead: its gradient arrives in the copy's dtype and is
+// staged in every micro-step, then copied into the float32 slot (the first
+// micro-step) or added to it (later ones), one multi-tensor operator per
+// bucket, converting as the cast back in backward would have.
+//
 // Row sync (GradientSyncOptions::row_sync_parameter, the word embedding):
 // that table gets a bucket of its own, and instead of its whole gradient
 // only the rows that some rank's batches touched in this optimiser step are
@@ -63,6 +70,10 @@ namespace vqa::train {
 struct NamedTensor {
   std::string name;
   torch::Tensor tensor;
+  // The copy in a lower precision that the forward computes with in the
+  // parameter's place (model::WeightCopies), whose gradient is the
+  // parameter's; undefined: the forward uses the parameter itself.
+  torch::Tensor compute = {};
 };
 
 // PyTorch DDP's default bucket_cap_mb.
@@ -233,8 +244,9 @@ class GradientSynchronizer {
     bool sharded = false;
     int64_t begin = 0, end = 0;
     runtime::WorkHandle gather;
-    // Gradients staged by on_gradient for one copy into their slots.
-    std::vector<torch::Tensor> staged_into, staged_from;
+    // Gradients staged by on_gradient for one copy into their slots, and
+    // compute copies' gradients of later micro-steps for one addition.
+    std::vector<torch::Tensor> staged_into, staged_from, added_into, added_from;
     // Bytes one averaging of this bucket sends (its bfloat16 copy or the
     // float32 buffer; the row bucket's last rows).
     int64_t sent_bytes() const {
@@ -258,6 +270,12 @@ class GradientSynchronizer {
   void view_buckets(const std::vector<int64_t>& bucket_elements);
   int64_t row_bucket_bytes() const;
   void on_gradient(int64_t index);
+  // The tensor whose gradient accumulator delivers parameter `index`'s
+  // gradient: its compute copy, or the parameter.
+  const torch::Tensor& gradient_source(int64_t index) const {
+    const NamedTensor& parameter = parameters_[index];
+    return parameter.compute.defined() ? parameter.compute : parameter.tensor;
+  }
   void launch_ready_buckets();
   void count_sent(int64_t index);  // the bucket's bytes into stats_
   void note_rows(const torch::Tensor& row_ids);

@@ -194,6 +194,18 @@ void setup_packed_attention(const TrainConfig& config, const torch::Device& devi
   }
 }
 
+void setup_weight_copies(const TrainConfig& config, const torch::Device& device, model::M3AE& model,
+                         RunLog& log) {
+  const at::ScalarType dtype = config.autocast_dtype();
+  if (!config.weight_copies || !device.is_cuda() || dtype == at::kFloat) return;
+  model->use_weight_copies(dtype);
+  const auto* copies = model->weight_copies();
+  log.info("weight copies: " + std::to_string(copies->size()) + " weight tensors in " +
+           (dtype == at::kBFloat16 ? "bf16" : "fp16") + " (" +
+           std::to_string(copies->bytes() >> 20) +
+           " MiB), refreshed once per forward; autocast casts none of them (--weight-copies)");
+}
+
 model::ModelConfig setup_model_config(const TrainConfig& config, const data::DatasetInfo& dataset) {
   model::ModelConfig model;
   try {
@@ -262,7 +274,9 @@ bool run_already_complete(const TrainConfig& config, const runtime::RankInfo& ra
 std::vector<NamedTensor> trainable_parameters(model::M3AE& model) {
   std::vector<NamedTensor> parameters;
   for (const auto& item : model->named_parameters()) {
-    if (item.value().requires_grad()) parameters.push_back({item.key(), item.value()});
+    if (item.value().requires_grad()) {
+      parameters.push_back({item.key(), item.value(), model->weight_copy(item.key())});
+    }
   }
   return parameters;
 }

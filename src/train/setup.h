@@ -97,7 +97,15 @@ data::ShardedLoader open_loader(const std::string& path, data::Split split,
 // does not fill one --global-batch.
 int64_t steps_per_epoch_or_exit(const data::ShardedLoader& train_loader, const TrainConfig& config);
 
-// The model's parameters that require a gradient, in registration order.
+// --weight-copies under --precision bf16 or fp16 on a GPU: the model's
+// forward computes with copies of its weights in that dtype (M3AE::
+// use_weight_copies); after the model has its device, before
+// trainable_parameters.
+void setup_weight_copies(const TrainConfig& config, const torch::Device& device, model::M3AE& model,
+                         RunLog& log);
+
+// The model's parameters that require a gradient, in registration order,
+// each with its compute copy where the model has one.
 std::vector<NamedTensor> trainable_parameters(model::M3AE& model);
 
 OptimizerSettings optimizer_settings_from(const TrainConfig& config, int64_t total_steps);

@@ -116,6 +116,7 @@ struct TrainConfig {
   Precision precision = Precision::kFp32;
   int64_t loss_scale_interval = 2000;  // fp16: finite steps before the scale doubles
   bool bf16_hidden_states = false;     // bf16: LayerNorms return bf16 (ModelConfig)
+  bool weight_copies = true;           // bf16/fp16 on GPU: compute with copies of the weights
   PackedAttention packed_attention = PackedAttention::kAuto;  // one GEMM for q, k, v
   bool cuda_graph = false;  // GPU: replay each step's forward and backward as a CUDA graph
   bool copy_stream = true;  // GPU: batches copied to the device on a side stream

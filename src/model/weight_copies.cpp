@@ -1,0 +1,111 @@
+#include "model/weight_copies.h"
+
+#include <torch/version.h>
+
+#include <stdexcept>
+#include <utility>
+
+#include "model/autocast_state.h"  // autocast_enabled, autocast_dtype
+#include "model/layers.h"          // MultiHeadAttentionImpl
+
+// ATen's multi-tensor copy: LibTorch 2.1 on.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define VQA_FOREACH_COPY 1
+#endif
+
+namespace vqa::model {
+
+void copy_tensors(const std::vector<torch::Tensor>& into, const std::vector<torch::Tensor>& from) {
+  if (into.empty()) return;
+#ifdef VQA_FOREACH_COPY
+  at::_foreach_copy_(into, from);
+#else
+  for (size_t i = 0; i < into.size(); ++i) into[i].copy_(from[i]);
+#endif
+}
+
+void add_tensors(const std::vector<torch::Tensor>& into, const std::vector<torch::Tensor>& from) {
+  if (into.empty()) return;
+  at::_foreach_add_(into, from);
+}
+
+namespace {
+
+// The tensors a module's forward reads its parameters through, by their
+// names in the module's own named_parameters().
+std::vector<std::pair<std::string, torch::Tensor*>> parameter_members(torch::nn::Module& module) {
+  // Not a Linear's bias: the C++ frontend's linear adds it to a 3-D
+  // input's product in place, outside autocast, in float32 before rounding;
+  // a bf16 copy would round it first (and it is cast only for 2-D inputs).
+  if (auto* linear = module.as<torch::nn::LinearImpl>()) return {{"weight", &linear->weight}};
+  if (auto* conv = module.as<torch::nn::Conv2dImpl>()) {
+    return {{"weight", &conv->weight}, {"bias", &conv->bias}};
+  }
+  if (auto* attention = module.as<MultiHeadAttentionImpl>()) {
+    return attention->parameter_members();
+  }
+  return {};
+}
+
+}  // namespace
+
+WeightCopies::WeightCopies(torch::nn::Module& root, at::ScalarType dtype) : dtype_(dtype) {
+  if (dtype != at::kBFloat16 && dtype != at::kHalf) {
+    throw std::invalid_argument(std::string("weight copies are bfloat16 or float16, not ") +
+                                c10::toString(dtype));
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& item : root.named_modules()) {
+    torch::nn::Module& module = *item.value();
+    const auto own = module.named_parameters(/*recurse=*/false);
+    for (const auto& [local, member] : parameter_members(module)) {
+      const torch::Tensor* parameter = own.find(local);
+      if (parameter == nullptr || !parameter->requires_grad()) continue;
+      Entry entry;
+      entry.name = item.key().empty() ? local : item.key() + "." + local;
+      entry.member = member;
+      entry.parameter = *parameter;
+      entry.copy = torch::empty(parameter->sizes(), parameter->options().dtype(dtype));
+      entry.copy.copy_(*parameter);
+      entry.copy.requires_grad_(true);
+      parameters_.push_back(entry.parameter);
+      copies_.push_back(entry.copy);
+      entries_.push_back(std::move(entry));
+    }
+  }
+}
+
+void WeightCopies::select_for_forward(const torch::Device& device) {
+  const bool use = autocast_enabled(device.type()) && autocast_dtype(device.type()) == dtype_;
+  if (use && !entries_.empty()) {
+    const Entry& first = entries_.front();
+    if (first.parameter.device() != first.copy.device()) {
+      throw std::logic_error("weight copies made on " + first.copy.device().str() + ", but " +
+                             first.name + " is now on " + first.parameter.device().str() +
+                             ": make the copies after moving the model");
+    }
+    torch::NoGradGuard no_grad;
+    copy_tensors(copies_, parameters_);
+  }
+  if (use != on_copies_) point_at(use);
+}
+
+void WeightCopies::point_at(bool copies) {
+  for (auto& entry : entries_) *entry.member = copies ? entry.copy : entry.parameter;
+  on_copies_ = copies;
+}
+
+torch::Tensor WeightCopies::copy_of(const std::string& name) const {
+  for (const auto& entry : entries_) {
+    if (entry.name == name) return entry.copy;
+  }
+  return {};
+}
+
+int64_t WeightCopies::bytes() const {
+  int64_t bytes = 0;
+  for (const auto& copy : copies_) bytes += static_cast<int64_t>(copy.nbytes());
+  return bytes;
+}
+
+}  // namespace vqa::model
