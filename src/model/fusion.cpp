@@ -33,8 +33,8 @@ CoAttentionFusionImpl::CoAttentionFusionImpl(const ModelConfig& config)
 std::pair<torch::Tensor, torch::Tensor> CoAttentionFusionImpl::forward(
     const torch::Tensor& text, const torch::Tensor& text_key_bias, const torch::Tensor& image) {
   const torch::Tensor& type_table = modality_type_embeddings_->weight;
-  torch::Tensor x = text_projection_(text) + type_table[kTextType];
-  torch::Tensor y = image_projection_(image) + type_table[kImageType];
+  torch::Tensor x = apply_linear(text_projection_, text) + type_table[kTextType];
+  torch::Tensor y = apply_linear(image_projection_, image) + type_table[kImageType];
   const torch::Tensor no_image_mask;  // every image token is real
   for (size_t i = 0; i < typed_text_layers_.size(); ++i) {
     torch::Tensor next_x = typed_text_layers_[i](x, text_key_bias, y, no_image_mask);

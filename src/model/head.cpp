@@ -1,5 +1,7 @@
 #include "model/head.h"
 
+#include "model/layers.h"  // apply_linear
+
 namespace vqa::model {
 
 VqaHeadImpl::VqaHeadImpl(const ModelConfig& config)
@@ -16,11 +18,12 @@ VqaHeadImpl::VqaHeadImpl(const ModelConfig& config)
 }
 
 torch::Tensor VqaHeadImpl::forward(const torch::Tensor& text, const torch::Tensor& image) {
-  const torch::Tensor text_pooled = torch::tanh(text_pooler_(text.select(/*dim=*/1, /*index=*/0)));
+  const torch::Tensor text_pooled =
+      torch::tanh(apply_linear(text_pooler_, text.select(/*dim=*/1, /*index=*/0)));
   const torch::Tensor image_pooled =
-      torch::tanh(image_pooler_(image.select(/*dim=*/1, /*index=*/0)));
+      torch::tanh(apply_linear(image_pooler_, image.select(/*dim=*/1, /*index=*/0)));
   const torch::Tensor pooled = torch::cat({text_pooled, image_pooled}, /*dim=*/1);
-  return output_(torch::gelu(norm_(dense_(pooled))));
+  return apply_linear(output_, torch::gelu(norm_(apply_linear(dense_, pooled))));
 }
 
 }  // namespace vqa::model

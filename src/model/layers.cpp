@@ -121,7 +121,7 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
     }
     const torch::Tensor context =
         at::scaled_dot_product_attention(q, k, v, mask, dropout, /*is_causal=*/false);
-    return output_(context.transpose(1, 2).reshape({batch, query_length, hidden}));
+    return apply_linear(output_, context.transpose(1, 2).reshape({batch, query_length, hidden}));
   }
 #endif
 
@@ -132,7 +132,7 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
   const torch::Tensor probabilities = attention_dropout_(torch::softmax(scores, /*dim=*/-1));
   const torch::Tensor context =
       torch::matmul(probabilities, v).transpose(1, 2).reshape({batch, query_length, hidden});
-  return output_(context);
+  return apply_linear(output_, context);
 }
 
 torch::Tensor MultiHeadAttentionImpl::packed_bias(bool with_query) {
@@ -202,14 +202,14 @@ FeedForwardImpl::FeedForwardImpl(int64_t hidden, int64_t ffn, Activation activat
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor inner = up_(x);
+  const torch::Tensor inner = apply_linear(up_, x);
   if (activation_ == Activation::kQuickGelu) {
     // x * sigmoid(1.702 x) as silu(1.702 x) / 1.702: the same function, one
     // activation kernel instead of sigmoid and a product (and a shorter
     // backward); within a few ulps of the old formula (tests hold it).
-    return down_(torch::silu(inner * kQuickGeluScale) / kQuickGeluScale);
+    return apply_linear(down_, torch::silu(inner * kQuickGeluScale) / kQuickGeluScale);
   }
-  return down_(torch::gelu(inner));
+  return apply_linear(down_, torch::gelu(inner));
 }
 
 PreNormBlockImpl::PreNormBlockImpl(int64_t hidden, int64_t heads, int64_t ffn,

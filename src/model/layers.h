@@ -17,6 +17,16 @@
 
 namespace vqa::model {
 
+// `layer` applied to x through ATen's linear, as PyTorch's nn.Linear: one
+// GEMM with the bias added inside it (under autocast in the compute dtype,
+// the bias cast like the weight). torch::nn::Linear's own forward, LibTorch's
+// C++ functional linear, multiplies and then adds the bias in place: one
+// more operator, and under autocast a float32 bias added to the rounded
+// product. Every Linear of the model is applied through this.
+inline torch::Tensor apply_linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  return torch::linear(x, layer->weight, layer->bias);
+}
+
 // attention_mask: integer or bool [B, L], non-zero for a real token.
 // Returns the [B, 1, 1, L] additive bias in `dtype`.
 torch::Tensor attention_key_bias(const torch::Tensor& attention_mask, torch::ScalarType dtype);

@@ -75,8 +75,8 @@ torch::Tensor FeatureEncoderImpl::forward(const torch::Tensor& features) {
                   features.size(2) == feature_dim_,
               "features must be [B, T <= ", feature_tokens_, ", ", feature_dim_, "], got ",
               features.sizes());
-  return norm_(
-      add_class_token_and_positions(projection_(features), class_token_, position_embeddings_));
+  return norm_(add_class_token_and_positions(apply_linear(projection_, features), class_token_,
+                                             position_embeddings_));
 }
 
 }  // namespace vqa::model

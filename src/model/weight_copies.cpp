@@ -34,10 +34,13 @@ namespace {
 // The tensors a module's forward reads its parameters through, by their
 // names in the module's own named_parameters().
 std::vector<std::pair<std::string, torch::Tensor*>> parameter_members(torch::nn::Module& module) {
-  // Not a Linear's bias: the C++ frontend's linear adds it to a 3-D
-  // input's product in place, outside autocast, in float32 before rounding;
-  // a bf16 copy would round it first (and it is cast only for 2-D inputs).
-  if (auto* linear = module.as<torch::nn::LinearImpl>()) return {{"weight", &linear->weight}};
+  // The model applies its Linears through ATen's linear (apply_linear),
+  // which autocast casts weight and bias for; LibTorch's C++ forward would
+  // add a 3-D input's bias in float32 after the product, where a bf16 copy
+  // of the bias would not be autocast's arithmetic.
+  if (auto* linear = module.as<torch::nn::LinearImpl>()) {
+    return {{"weight", &linear->weight}, {"bias", &linear->bias}};
+  }
   if (auto* conv = module.as<torch::nn::Conv2dImpl>()) {
     return {{"weight", &conv->weight}, {"bias", &conv->bias}};
   }

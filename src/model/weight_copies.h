@@ -1,7 +1,7 @@
 // Low-precision copies of the weights that autocast casts on every use.
 //
 // Under autocast a linear, a convolution or an attention projection casts
-// its float32 weight (and bias) to the compute dtype at each call, and
+// its float32 weight and bias to the compute dtype at each call, and
 // backward casts each gradient back: two operators (kernels on a GPU) per
 // parameter tensor and step, which scale with the number of tensors and not
 // with the arithmetic. With WeightCopies each such parameter has a copy in
@@ -33,11 +33,10 @@ void add_tensors(const std::vector<torch::Tensor>& into, const std::vector<torch
 
 class WeightCopies {
  public:
-  // The weights of every torch::nn::Linear, the weight and bias of every
-  // torch::nn::Conv2d, the q/k/v weight and biases of every
-  // MultiHeadAttention under `root` (the parameters autocast casts at each
-  // use), with copies in `dtype` (bfloat16 or float16) on each parameter's
-  // device. Make them after the model has its
+  // The weights and biases of every torch::nn::Linear (applied through
+  // apply_linear), torch::nn::Conv2d and MultiHeadAttention under `root`
+  // (the parameters autocast casts at each use), with copies in `dtype`
+  // (bfloat16 or float16) on each parameter's device. Make them after the model has its
   // device: a parameter moved later is refused at the next forward.
   WeightCopies(torch::nn::Module& root, at::ScalarType dtype);
   WeightCopies(const WeightCopies&) = delete;

@@ -200,7 +200,7 @@ void setup_weight_copies(const TrainConfig& config, const torch::Device& device,
   if (!config.weight_copies || !device.is_cuda() || dtype == at::kFloat) return;
   model->use_weight_copies(dtype);
   const auto* copies = model->weight_copies();
-  log.info("weight copies: " + std::to_string(copies->size()) + " weight tensors in " +
+  log.info("weight copies: " + std::to_string(copies->size()) + " weight and bias tensors in " +
            (dtype == at::kBFloat16 ? "bf16" : "fp16") + " (" +
            std::to_string(copies->bytes() >> 20) +
            " MiB), refreshed once per forward; autocast casts none of them (--weight-copies)");

@@ -157,11 +157,12 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "float32 statistics return bfloat16, not autocast's float32); off by default: no fewer "
            "operators and losses further from float32's (docs/benchmarks.md)")
       .add("weight-copies", &c.weight_copies,
-           "bf16 or fp16 on a GPU: the forward computes with copies of the matrix weights (and "
-           "the attentions' biases) in that dtype, refreshed from the float32 parameters by one "
-           "multi-tensor copy per forward, instead of autocast's cast of each at every use and "
-           "the cast of each gradient back (two kernels per tensor and step); the same "
-           "arithmetic, and half those parameters' bytes more memory. false: autocast's casts")
+           "bf16 or fp16 on a GPU: the forward computes with copies of the weights and biases "
+           "of the linear layers, the patch convolution and the attentions in that dtype, "
+           "refreshed from the float32 parameters by one multi-tensor copy per forward, instead "
+           "of autocast's cast of each at every use and the cast of each gradient back (two "
+           "kernels per tensor and step); the same arithmetic, and half those parameters' bytes "
+           "more memory. false: autocast's casts")
       .add_choice("packed-attention", &c.packed_attention,
                   "one GEMM for the q, k and v projections (k and v across); the same function "
                   "and parameter names: on (the option alone) | off | auto (on on a GPU, where "

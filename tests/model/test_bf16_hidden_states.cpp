@@ -4,9 +4,9 @@
 // (bit for bit); under bf16 CPU autocast (LibTorch 2.4 on; 1.13's CPU
 // autocast cannot run this model) the hidden states are bf16, the forward
 // stays as close to float32's as the standard policy's, and 200 AdamW steps
-// of the `tiny` preset from one seed give losses within the stated tolerance
-// of the standard policy's (printed per step range; docs/benchmarks.md
-// quotes them).
+// of the `tiny` preset from each of 5 seeds give losses within the stated
+// tolerance of the standard policy's (printed per seed and step range;
+// docs/benchmarks.md quotes them).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -107,11 +108,13 @@ torch::Tensor loss_of(vqa::model::M3AE& model, const Batch& b) {
                                                  b.targets);
 }
 
-// The losses of `steps` AdamW steps from seed 0 over the fixed batches.
-std::vector<double> train_losses(bool bf16_autocast, bool bf16_hidden_states, int64_t steps) {
+// The losses of `steps` AdamW steps from `seed` (the initial weights and
+// the dropout draws) over the fixed batches.
+std::vector<double> train_losses(bool bf16_autocast, bool bf16_hidden_states, int64_t steps,
+                                 uint64_t seed) {
   const auto config = tiny_config(bf16_hidden_states, steps_preset());
   const auto batches = fixed_batches(config, 8);
-  torch::manual_seed(0);
+  torch::manual_seed(seed);
   vqa::model::M3AE model(config);
   torch::optim::AdamW optimizer(model->parameters(),
                                 torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
@@ -206,39 +209,59 @@ TEST(Bf16HiddenStatesUnderAutocast, ForwardStaysAsCloseToFloatThirtyTwo) {
   EXPECT_LE(hidden, 3.0 * standard + 1e-3);
 }
 
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
 TEST(Bf16HiddenStatesUnderAutocast, TwoHundredStepsStayWithinTheTolerance) {
   SKIP_WITHOUT_CPU_AUTOCAST();
   torch::set_num_threads(1);
   constexpr int64_t kSteps = 200;
-  const auto fp32 = train_losses(false, false, kSteps);
-  const auto standard = train_losses(true, false, kSteps);
-  const auto hidden = train_losses(true, true, kSteps);
-  std::printf(
-      "%s, %lld AdamW steps, losses first/last: float32 %.5f/%.5f, standard autocast "
-      "%.5f/%.5f, bf16 hidden states %.5f/%.5f\n",
-      steps_preset().c_str(), static_cast<long long>(kSteps), fp32.front(), fp32.back(),
-      standard.front(), standard.back(), hidden.front(), hidden.back());
-  for (const auto& [begin, end] : std::vector<std::pair<size_t, size_t>>{
-           {0, 1}, {0, 10}, {0, 50}, {0, kSteps}, {kSteps - 10, kSteps}}) {
+  constexpr uint64_t kSeeds = 5;
+  // Per seed, the largest per-step relative difference from float32's over
+  // all 200 steps, of each policy: one seed's is chance (late losses near 0
+  // make a relative difference large), so the medians are compared.
+  std::vector<double> standard_from_fp32, hidden_from_fp32;
+  for (uint64_t seed = 0; seed < kSeeds; ++seed) {
+    const auto fp32 = train_losses(false, false, kSteps, seed);
+    const auto standard = train_losses(true, false, kSteps, seed);
+    const auto hidden = train_losses(true, true, kSteps, seed);
     std::printf(
-        "  steps [%zu, %zu): max relative difference: hidden vs standard %.3g, "
-        "standard vs float32 %.3g, hidden vs float32 %.3g\n",
-        begin, end, max_relative_difference(hidden, standard, begin, end),
-        max_relative_difference(standard, fp32, begin, end),
-        max_relative_difference(hidden, fp32, begin, end));
+        "%s, seed %llu, %lld AdamW steps, losses first/last: float32 %.5f/%.5f, standard "
+        "autocast %.5f/%.5f, bf16 hidden states %.5f/%.5f\n",
+        steps_preset().c_str(), static_cast<unsigned long long>(seed),
+        static_cast<long long>(kSteps), fp32.front(), fp32.back(), standard.front(),
+        standard.back(), hidden.front(), hidden.back());
+    for (const auto& [begin, end] : std::vector<std::pair<size_t, size_t>>{
+             {0, 1}, {0, 10}, {0, 50}, {0, kSteps}, {kSteps - 10, kSteps}}) {
+      std::printf(
+          "  steps [%zu, %zu): max relative difference: hidden vs standard %.3g, "
+          "standard vs float32 %.3g, hidden vs float32 %.3g\n",
+          begin, end, max_relative_difference(hidden, standard, begin, end),
+          max_relative_difference(standard, fp32, begin, end),
+          max_relative_difference(hidden, fp32, begin, end));
+    }
+    std::printf(
+        "  all steps, max |difference| / first loss: hidden vs standard %.3g, standard vs "
+        "float32 %.3g, hidden vs float32 %.3g\n",
+        max_difference_to_first_loss(hidden, standard),
+        max_difference_to_first_loss(standard, fp32), max_difference_to_first_loss(hidden, fp32));
+    // The tolerance, per seed: over the first 50 steps each loss within 0.5%
+    // of the standard policy's; over all 200, within 5% of the first loss of it.
+    EXPECT_LE(max_relative_difference(hidden, standard, 0, 50), 5e-3) << "seed " << seed;
+    EXPECT_LE(max_difference_to_first_loss(hidden, standard), 0.05) << "seed " << seed;
+    standard_from_fp32.push_back(max_relative_difference(standard, fp32, 0, kSteps));
+    hidden_from_fp32.push_back(max_relative_difference(hidden, fp32, 0, kSteps));
   }
+  // And over the seeds, the median of those largest differences from
+  // float32's no more than twice the standard policy's median (+ 0.01).
   std::printf(
-      "  all steps, max |difference| / first loss: hidden vs standard %.3g, standard vs "
-      "float32 %.3g, hidden vs float32 %.3g\n",
-      max_difference_to_first_loss(hidden, standard), max_difference_to_first_loss(standard, fp32),
-      max_difference_to_first_loss(hidden, fp32));
-  // The tolerance: over the first 50 steps each loss within 0.5% of the
-  // standard policy's; over all 200, within 5% of the first loss of it, and
-  // no further from float32's than twice the standard policy is (+ 0.01).
-  EXPECT_LE(max_relative_difference(hidden, standard, 0, 50), 5e-3);
-  EXPECT_LE(max_difference_to_first_loss(hidden, standard), 0.05);
-  EXPECT_LE(max_relative_difference(hidden, fp32, 0, kSteps),
-            2.0 * max_relative_difference(standard, fp32, 0, kSteps) + 0.01);
+      "  over %llu seeds, the median of the 200 steps' max relative difference from float32's: "
+      "standard %.3g, bf16 hidden states %.3g\n",
+      static_cast<unsigned long long>(kSeeds), median(standard_from_fp32),
+      median(hidden_from_fp32));
+  EXPECT_LE(median(hidden_from_fp32), 2.0 * median(standard_from_fp32) + 0.01);
 }
 
 }  // namespace

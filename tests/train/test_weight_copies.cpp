@@ -168,10 +168,9 @@ TEST(WeightCopies, ShardedTrainingWithQKVApartMatchesAutocastsCastsBitForBit) {
   expect_same_run({true, /*packed=*/false, /*shard=*/true});
 }
 
-// The copies stand in for the weights of the linear layers and the patch
-// convolution and the attentions' q/k/v parameters; not for the linear
-// layers' biases (added in float32 to a 3-D input's product by the C++
-// frontend), LayerNorms, embeddings or position tables.
+// The copies stand in for the weights and biases of the linear layers, the
+// patch convolution and the attentions' q/k/v parameters; not for
+// LayerNorms, embeddings or position tables, which autocast does not cast.
 // They are not parameters, and without autocast the forward uses the
 // float32 parameters: its logits equal a model's without copies.
 TEST(WeightCopies, StandInForTheCastWeightsOnlyAndOnlyUnderAutocast) {
@@ -181,15 +180,15 @@ TEST(WeightCopies, StandInForTheCastWeightsOnlyAndOnlyUnderAutocast) {
   model->use_weight_copies(at::kBFloat16);
   EXPECT_EQ(model->named_parameters().keys(), names_before);
   for (const char* name :
-       {"head.output.weight", "vision.patch_embedding.weight", "text.layers.0.attention.in_weight",
+       {"head.output.weight", "head.output.bias", "fusion.text_layers.0.feed_forward.up.bias",
+        "vision.patch_embedding.weight", "text.layers.0.attention.in_weight",
         "text.layers.0.attention.value_bias", "fusion.text_layers.0.feed_forward.up.weight"}) {
     const torch::Tensor copy = model->weight_copy(name);
     ASSERT_TRUE(copy.defined()) << name;
     EXPECT_EQ(copy.scalar_type(), torch::kBFloat16) << name;
     EXPECT_EQ(copy.sizes(), model->named_parameters()[name].sizes()) << name;
   }
-  for (const char* name : {"head.output.bias", "fusion.text_layers.0.feed_forward.up.bias",
-                           "text.token_embeddings.weight", "vision.position_embeddings",
+  for (const char* name : {"text.token_embeddings.weight", "vision.position_embeddings",
                            "text.layers.0.attention_norm.weight"}) {
     EXPECT_TRUE(model->named_parameters().contains(name)) << name;
     EXPECT_FALSE(model->weight_copy(name).defined()) << name;
