@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -21,41 +20,15 @@
 #include <string>
 #include <vector>
 
+#include "cpu_autocast.h"          // CpuAutocast, kCpuAutocastRunsTheModel
 #include "model/layers.h"          // PreNormBlock, set_bf16_hidden_states
 #include "model/m3ae.h"            // M3AE, model_config_preset
 #include "model/vision_encoder.h"  // VisionTransformer
 
 namespace {
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-constexpr bool kCpuAutocastRunsTheModel = true;
-#else
-constexpr bool kCpuAutocastRunsTheModel = false;
-#endif
-
-// bf16 CPU autocast for its scope when `enabled` (LibTorch 2.4 on).
-class CpuBf16Autocast {
- public:
-  explicit CpuBf16Autocast(bool enabled) : enabled_(enabled) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    if (!enabled_) return;
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCPU, true);
-#endif
-  }
-  ~CpuBf16Autocast() {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    if (!enabled_) return;
-    at::autocast::set_autocast_enabled(at::kCPU, false);
-    at::autocast::clear_cache();
-#endif
-  }
-  CpuBf16Autocast(const CpuBf16Autocast&) = delete;
-  CpuBf16Autocast& operator=(const CpuBf16Autocast&) = delete;
-
- private:
-  bool enabled_;
-};
+using vqa::testing::CpuAutocast;
+using vqa::testing::kCpuAutocastRunsTheModel;
 
 #define SKIP_WITHOUT_CPU_AUTOCAST()                                                      \
   do {                                                                                   \
@@ -123,7 +96,7 @@ std::vector<double> train_losses(bool bf16_autocast, bool bf16_hidden_states, in
     optimizer.zero_grad();
     torch::Tensor loss;
     {
-      CpuBf16Autocast autocast(bf16_autocast);
+      CpuAutocast autocast(bf16_autocast);
       loss = loss_of(model, batches[step % batches.size()]);
     }
     loss.backward();
@@ -175,7 +148,7 @@ TEST(Bf16HiddenStatesUnderAutocast, UnderBf16AutocastTheEncodersReturnBf16) {
   torch::manual_seed(0);
   vqa::model::VisionTransformer vision(config);
   const auto images = torch::randn({2, 3, config.image_size, config.image_size});
-  CpuBf16Autocast autocast(true);
+  CpuAutocast autocast(true);
   EXPECT_EQ(vision(images).scalar_type(), torch::kFloat) << "the standard policy";
   vqa::model::set_bf16_hidden_states(*vision, true);
   EXPECT_EQ(vision(images).scalar_type(), torch::kBFloat16);
@@ -195,7 +168,7 @@ TEST(Bf16HiddenStatesUnderAutocast, ForwardStaysAsCloseToFloatThirtyTwo) {
     torch::manual_seed(0);
     vqa::model::M3AE model(config);
     torch::NoGradGuard no_grad;
-    CpuBf16Autocast autocast(policy != 0);
+    CpuAutocast autocast(policy != 0);
     logits.push_back(model->forward(batch.images, batch.token_ids, batch.mask).to(torch::kFloat));
   }
   const double scale = logits[0].abs().max().item<double>();

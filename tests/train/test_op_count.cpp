@@ -22,7 +22,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <torch/version.h>
 
@@ -39,7 +38,6 @@
 #include <vector>
 
 #include "cpu_autocast.h"          // CpuAutocast
-#include "model/autocast_state.h"  // autocast_enable, VQA_AUTOCAST_BY_DEVICE
 #include "model/layers.h"          // set_packed_projections
 #include "model/m3ae.h"            // M3AE, model_config_preset
 #include "op_count_held.h"         // StepOperatorCounts, kHeldOperatorCounts

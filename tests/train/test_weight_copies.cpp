@@ -31,11 +31,7 @@
 
 namespace {
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-constexpr bool kCpuAutocastRunsTheModel = true;
-#else
-constexpr bool kCpuAutocastRunsTheModel = false;
-#endif
+using vqa::testing::kCpuAutocastRunsTheModel;
 
 constexpr int64_t kSteps = 3, kMicroSteps = 2, kBatch = 3, kLength = 8;
 

@@ -12,6 +12,12 @@
 
 namespace vqa::testing {
 
+#ifdef VQA_AUTOCAST_BY_DEVICE
+inline constexpr bool kCpuAutocastRunsTheModel = true;
+#else
+inline constexpr bool kCpuAutocastRunsTheModel = false;
+#endif
+
 class CpuAutocast {
  public:
   explicit CpuAutocast(bool enabled) : enabled_(enabled) {
