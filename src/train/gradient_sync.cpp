@@ -13,19 +13,21 @@
 
 namespace vqa::train {
 
-// The gradient accumulator's post hook of one parameter.
+// The gradient accumulator's post hook of one parameter, or of its compute copy.
 class GradientSynchronizer::ArrivalHook final : public torch::autograd::FunctionPostHook {
  public:
-  ArrivalHook(GradientSynchronizer* owner, int64_t index) : owner_(owner), index_(index) {}
+  ArrivalHook(GradientSynchronizer* owner, int64_t index, bool from_copy)
+      : owner_(owner), index_(index), from_copy_(from_copy) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
-    owner_->on_gradient(index_);
+    owner_->on_gradient(index_, from_copy_);
     return outputs;
   }
 
  private:
   GradientSynchronizer* owner_;
   int64_t index_;
+  bool from_copy_;
 };
 
 GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
@@ -72,15 +74,20 @@ GradientSynchronizer::GradientSynchronizer(std::vector<NamedTensor> parameters,
   if (options_.shard) make_flat_parameters();
 
   // A post hook on each parameter's gradient accumulator (as DDP's reducer
-  // does), or its compute copy's: it runs after autograd has put this
-  // backward's gradient into grad(). The accumulators are kept alive here,
-  // since a tensor holds its own only weakly.
+  // does), and on its compute copy's: it runs after autograd has put this
+  // backward's gradient into grad(). A forward uses one or the other (the
+  // copy under autocast in its dtype), so one of them fires. The
+  // accumulators are kept alive here, since a tensor holds its own only weakly.
   for (int64_t i = 0; i < static_cast<int64_t>(parameters_.size()); ++i) {
-    auto accumulator = torch::autograd::impl::grad_accumulator(gradient_source(i));
-    VQA_CHECK(accumulator != nullptr,
-              "parameter " + parameters_[i].name + " has no gradient accumulator");
-    accumulator->add_post_hook(std::make_unique<ArrivalHook>(this, i));
-    accumulators_.push_back(std::move(accumulator));
+    for (const bool from_copy : {false, true}) {
+      const auto& source = from_copy ? parameters_[i].compute : parameters_[i].tensor;
+      if (!source.defined()) continue;
+      auto accumulator = torch::autograd::impl::grad_accumulator(source);
+      VQA_CHECK(accumulator != nullptr,
+                "parameter " + parameters_[i].name + " has no gradient accumulator");
+      accumulator->add_post_hook(std::make_unique<ArrivalHook>(this, i, from_copy));
+      accumulators_.push_back(std::move(accumulator));
+    }
   }
 }
 
@@ -113,7 +120,8 @@ void GradientSynchronizer::gather_step_rows(const std::vector<torch::Tensor>& ro
 
 void GradientSynchronizer::prepare_backward(bool sync) {
   copy_staged_gradients();  // a previous micro-step's, of parameters some bucket still waits for
-  if (!step_open_) {        // first micro-step of an optimiser step
+  for (auto& bucket : buckets_) bucket.micro_arrivals = 0;
+  if (!step_open_) {  // first micro-step of an optimiser step
     VQA_CHECK(row_bucket_ < 0 || rows_gathered_,
               "row sync: gather_step_rows must come before the step's first prepare_backward");
     step_open_ = true;
@@ -173,44 +181,36 @@ void GradientSynchronizer::gather_rows() {
 }
 
 // Runs inside backward, once per parameter, right after autograd's gradient
-// accumulator has stored this micro-step's gradient in param.grad(). The
-// first time in an optimiser step that is autograd's own tensor: it is
-// copied into the slot and param.grad() becomes the slot (the tensor is
-// freed, so backward holds one copy of each gradient, in the buckets). Later
-// micro-steps find the slot in param.grad() and autograd adds into it in place.
-void GradientSynchronizer::on_gradient(int64_t index) {
+// accumulator has stored this micro-step's gradient in param.grad() (or the
+// compute copy's grad()). The first time in an optimiser step that is
+// autograd's own tensor: it is staged to be copied into the slot and
+// param.grad() becomes the slot (the tensor is freed, so backward holds one
+// copy of each gradient, in the buckets). Later micro-steps find the slot in
+// param.grad() and autograd adds into it in place; a copy's gradient is
+// staged in every micro-step (its grad() cannot be the float32 slot) and
+// added then. A bucket's staged gradients are copied (and added) once all
+// its parameters' have arrived in this micro-step, or when it is launched.
+void GradientSynchronizer::on_gradient(int64_t index, bool from_copy) {
   if (!step_open_) return;  // a backward outside prepare_backward/finish_backward
-  if (parameters_[index].compute.defined()) {
-    // The copy's gradient, in its dtype: staged in every micro-step (its
-    // grad() cannot be the float32 slot), copied into the slot or added.
-    torch::Tensor& grad = parameters_[index].compute.mutable_grad();
-    Bucket& bucket = buckets_[slots_[index].bucket];
-    if (grad.defined()) {
-      (touched_[index] ? bucket.added_into : bucket.staged_into).push_back(slot_views_[index]);
-      (touched_[index] ? bucket.added_from : bucket.staged_from).push_back(std::move(grad));
-      grad = torch::Tensor();
-      if (bucket.staged_into.size() + bucket.added_into.size() == bucket.parameters.size()) {
-        copy_staged(bucket);
-      }
-    }
-    touched_[index] = true;
-  } else if (!touched_[index]) {
-    torch::NoGradGuard no_grad;
-    torch::Tensor& grad = parameters_[index].tensor.mutable_grad();
-    Bucket& bucket = buckets_[slots_[index].bucket];
-    if (grad.defined() && !grad.is_same(slot_views_[index])) {
-      // Staged, and copied with the bucket's others in one operator once
-      // they have all arrived (or when the bucket is launched).
-      bucket.staged_into.push_back(slot_views_[index]);
-      bucket.staged_from.push_back(std::move(grad));
-      if (bucket.staged_into.size() == bucket.parameters.size()) copy_staged(bucket);
-    }
-    grad = slot_views_[index];
-    touched_[index] = true;
+  Bucket& bucket = buckets_[slots_[index].bucket];
+  torch::Tensor& parameter_grad = parameters_[index].tensor.mutable_grad();
+  torch::Tensor& grad = from_copy ? parameters_[index].compute.mutable_grad() : parameter_grad;
+  if (grad.defined() && !grad.is_same(slot_views_[index])) {
+    auto& into = !touched_[index] ? (from_copy ? bucket.copied_into : bucket.staged_into)
+                                  : bucket.added_into;
+    auto& from = !touched_[index] ? (from_copy ? bucket.copied_from : bucket.staged_from)
+                                  : bucket.added_from;
+    into.push_back(slot_views_[index]);
+    from.push_back(std::move(grad));
+    grad = torch::Tensor();
+  }
+  parameter_grad = slot_views_[index];
+  touched_[index] = true;
+  if (++bucket.micro_arrivals == static_cast<int64_t>(bucket.parameters.size())) {
+    copy_staged(bucket);
   }
   if (!last_micro_) return;
   const Slot& slot = slots_[index];
-  Bucket& bucket = buckets_[slot.bucket];
   if (bucket.arrived[slot.position]) return;  // autograd calls each hook once per backward
   bucket.arrived[slot.position] = true;
   if (--bucket.pending == 0) launch_ready_buckets();
@@ -241,12 +241,19 @@ void GradientSynchronizer::launch_ready_buckets() {
 }
 
 void GradientSynchronizer::copy_staged(Bucket& bucket) {
-  if (bucket.staged_into.empty() && bucket.added_into.empty()) return;
+  if (bucket.staged_into.empty() && bucket.copied_into.empty() && bucket.added_into.empty()) {
+    return;
+  }
   torch::NoGradGuard no_grad;
+  // One multi-tensor operator per source dtype: ATen's takes one (on a GPU a
+  // list of mixed dtypes runs one kernel per tensor).
   model::copy_tensors(bucket.staged_into, bucket.staged_from);
+  model::copy_tensors(bucket.copied_into, bucket.copied_from);
   model::add_tensors(bucket.added_into, bucket.added_from);
   bucket.staged_into.clear();
   bucket.staged_from.clear();  // autograd's tensors freed: one copy of each gradient remains
+  bucket.copied_into.clear();
+  bucket.copied_from.clear();
   bucket.added_into.clear();
   bucket.added_from.clear();
 }

@@ -25,11 +25,11 @@
 // boundaries move; the gradients, and param.grad() as views of them, stay.
 //
 // A parameter the forward uses through a lower-precision copy
-// (NamedTensor::compute: model::WeightCopies) has the hook on the copy's
-// accumulator instead: its gradient arrives in the copy's dtype and is
-// staged in every micro-step, then copied into the float32 slot (the first
+// (NamedTensor::compute: model::WeightCopies) has a hook on the copy's
+// accumulator too: its gradient arrives in the copy's dtype and is staged
+// in every micro-step, then copied into the float32 slot (the first
 // micro-step) or added to it (later ones), one multi-tensor operator per
-// bucket, converting as the cast back in backward would have.
+// bucket and dtype, converting as the cast back in backward would have.
 //
 // Row sync (GradientSyncOptions::row_sync_parameter, the word embedding):
 // that table gets a bucket of its own, and instead of its whole gradient
@@ -244,9 +244,12 @@ class GradientSynchronizer {
     bool sharded = false;
     int64_t begin = 0, end = 0;
     runtime::WorkHandle gather;
-    // Gradients staged by on_gradient for one copy into their slots, and
+    // Gradients staged by on_gradient for one copy into their slots (the
+    // parameters' and, apart, the compute copies' of another dtype), and
     // compute copies' gradients of later micro-steps for one addition.
-    std::vector<torch::Tensor> staged_into, staged_from, added_into, added_from;
+    std::vector<torch::Tensor> staged_into, staged_from, copied_into, copied_from;
+    std::vector<torch::Tensor> added_into, added_from;
+    int64_t micro_arrivals = 0;  // gradients arrived in this micro-step
     // Bytes one averaging of this bucket sends (its bfloat16 copy or the
     // float32 buffer; the row bucket's last rows).
     int64_t sent_bytes() const {
@@ -269,13 +272,8 @@ class GradientSynchronizer {
   // parameters' slot views and the per-bucket stats.
   void view_buckets(const std::vector<int64_t>& bucket_elements);
   int64_t row_bucket_bytes() const;
-  void on_gradient(int64_t index);
-  // The tensor whose gradient accumulator delivers parameter `index`'s
-  // gradient: its compute copy, or the parameter.
-  const torch::Tensor& gradient_source(int64_t index) const {
-    const NamedTensor& parameter = parameters_[index];
-    return parameter.compute.defined() ? parameter.compute : parameter.tensor;
-  }
+  // from_copy: the gradient is in the compute copy's grad(), else in the parameter's.
+  void on_gradient(int64_t index, bool from_copy);
   void launch_ready_buckets();
   void count_sent(int64_t index);  // the bucket's bytes into stats_
   void note_rows(const torch::Tensor& row_ids);

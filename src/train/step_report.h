@@ -91,7 +91,7 @@ struct Diagnosis {
 // activations (and on the CPU also buffers and libraries).
 struct MemoryParts {
   std::string source;           // runtime::MemoryPeak::source
-  int64_t parameters = 0;       // bytes of the model's parameters
+  int64_t parameters = 0;       // bytes of the model's parameters and weight copies
   int64_t gradients = 0;        // bytes of the gradient buckets (they hold the gradients)
   int64_t optimizer_state = 0;  // bytes of AdamW's moments
 };

@@ -143,6 +143,8 @@ void report_epoch_steps(TrainingParts& parts, int64_t epoch, const EpochStats& s
   for (const auto& parameter : parts.model->parameters()) {
     report.memory.parameters += static_cast<int64_t>(parameter.nbytes());
   }
+  if (const auto* copies = parts.model->weight_copies())
+    report.memory.parameters += copies->bytes();
   report.memory.gradients = parts.gradients.memory_bytes();
   report.memory.optimizer_state = parts.optimizer.state_bytes();
   report_json = epoch_report_json(report);

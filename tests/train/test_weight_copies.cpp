@@ -3,12 +3,13 @@
 // weight at every use does. Under mpirun (1 and 2 ranks, the real MPI
 // communicator), a model of the base preset's structure at a tiny size
 // trains 3 optimiser steps of 2 micro-steps each under bf16 CPU autocast,
-// with and without the copies, with q, k and v packed and with ZeRO-1 and
-// q, k and v apart: every micro-step's loss and every parameter after the
-// last step are equal bit for bit (tolerance 0: the same roundings of the
-// same values, the gradients of the copies widened once as the casts back
-// widened them). Needs bf16 CPU autocast (LibTorch 2.4 on; with 1.13 these
-// cases skip, and CI runs them in its LibTorch 2.6 stage).
+// with and without the copies, with q, k and v packed, with ZeRO-1 and q,
+// k and v apart, and with each step's second micro-step in float32: every
+// micro-step's loss, every step's averaged gradients and every parameter
+// after the last step are equal bit for bit (tolerance 0: the same
+// roundings of the same values, the gradients of the copies widened once as
+// the casts back widened them). Needs bf16 CPU autocast (LibTorch 2.4 on;
+// with 1.13 these cases skip, and CI runs them in its LibTorch 2.6 stage).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -47,6 +48,9 @@ struct Setting {
   bool copies;
   bool packed;
   bool shard;
+  // Each step's second micro-step in float32 (no autocast): the forward uses
+  // the float32 parameters, whose own gradient hooks take over.
+  bool float32_second_micro = false;
 };
 
 Run train(const Setting& setting) {
@@ -84,7 +88,7 @@ Run train(const Setting& setting) {
                                .index_fill_(1, torch::tensor({static_cast<int64_t>(micro)}), 1.0);
       torch::Tensor loss;
       {
-        vqa::testing::CpuAutocast autocast(true);
+        vqa::testing::CpuAutocast autocast(!setting.float32_second_micro || micro == 0);
         loss = vqa::train::vqa_loss(model->forward(images, token_ids, mask), targets);
       }
       run.losses.push_back(loss.item<float>());
@@ -162,6 +166,10 @@ TEST(WeightCopies, PackedTrainingMatchesAutocastsCastsBitForBit) {
 
 TEST(WeightCopies, ShardedTrainingWithQKVApartMatchesAutocastsCastsBitForBit) {
   expect_same_run({true, /*packed=*/false, /*shard=*/true});
+}
+
+TEST(WeightCopies, AFloat32MicroStepBetweenBf16OnesMatchesBitForBit) {
+  expect_same_run({true, /*packed=*/true, /*shard=*/false, /*float32_second_micro=*/true});
 }
 
 // The copies stand in for the weights and biases of the linear layers, the
