@@ -12,6 +12,11 @@
 #                             random resized crop of 512 px sources, on the
 #                             default crop threads): does the loader keep up
 #                             with the fast step? (CROP=0 leaves it out)
+#   vqa-hpc-no-copies         vqa_train in the first precision with
+#                             --weight-copies false (autocast casts each
+#                             weight at every use, as PyTorch does): what the
+#                             bf16 copies of the weights are worth (COPIES=0
+#                             leaves it out)
 #   pytorch-eager             jobs/ddp_reference.py as a PyTorch user who knows
 #                             the library writes it: bf16 autocast,
 #                             F.scaled_dot_product_attention, fused AdamW, no DDP
@@ -20,7 +25,8 @@
 # and prints one table (written to OUT_DIR/table.txt and table.csv). The
 # rows run in the order of what the comparison needs most: vqa-hpc in the
 # first precision and PyTorch eager at each batch, then the graph rows, the
-# torch.compile modes, the crop rows, the other precisions; the table is
+# torch.compile modes, the rows without weight copies, the crop rows, the
+# other precisions; the table is
 # written again after every row, so a run cut short leaves what it measured.
 #
 #   jobs/bench_gpu.sh [BUILD_DIR] [extra vqa_train flags]
@@ -75,6 +81,7 @@
 #   WARMUP=10             PyTorch's untimed steps (compilation happens in them)
 #   PRECISIONS="bf16 fp16 fp32"           vqa_train's rows
 #   GRAPH=1               the vqa-hpc-graph row (in the first precision)
+#   COPIES=1              the vqa-hpc-no-copies row (in the first precision)
 #   CROP=1                the vqa-hpc-crop row (needs a dataset with source
 #                         images: vqa_prep synth --source-size)
 #   COMPILE_MODES="default reduce-overhead"   torch.compile rows ("" for none)
@@ -113,6 +120,7 @@ steps=${STEPS:-20}
 warmup=${WARMUP:-10}
 read -r -a precisions <<<"${PRECISIONS:-bf16 fp16 fp32}"
 graph=${GRAPH:-1}
+copies=${COPIES:-1}
 crop=${CROP:-1}
 read -r -a compile_modes <<<"${COMPILE_MODES-default reduce-overhead}"
 peak_tflops=${PEAK_TFLOPS:-989}
@@ -135,6 +143,7 @@ positive STEPS "$steps"
 ((${#batches[@]})) || die "BATCHES is empty"
 for b in "${batches[@]}"; do positive BATCHES "$b"; done
 [[ $graph == 0 || $graph == 1 ]] || die "GRAPH must be 0 or 1, got '$graph'"
+[[ $copies == 0 || $copies == 1 ]] || die "COPIES must be 0 or 1, got '$copies'"
 [[ $crop == 0 || $crop == 1 ]] || die "CROP must be 0 or 1, got '$crop'"
 for p in "${precisions[@]}"; do
   [[ $p == bf16 || $p == fp16 || $p == fp32 ]] || die "PRECISIONS takes bf16 fp16 fp32, got '$p'"
@@ -418,7 +427,8 @@ vqa_extra=("$@")
 echo "bench_gpu.sh: $device, preset $preset, $image_size px, questions of $max_len tokens, batches ${batches[*]}, $steps timed steps; PyTorch $torch_version ($python); logs in $logs" >&2
 # The comparison's core first, at every batch (vqa-hpc in the first
 # precision, PyTorch eager), then the graph rows, each torch.compile mode,
-# the crop rows and vqa-hpc's other precisions.
+# the rows without weight copies, the crop rows and vqa-hpc's other
+# precisions.
 first=${precisions[0]}
 for batch in "${batches[@]}"; do
   run_vqa "vqa-$first-$batch" "$first" "$batch"
@@ -442,6 +452,12 @@ for mode in "${compile_modes[@]}"; do
     write_table
   done
 done
+if ((copies)); then
+  for batch in "${batches[@]}"; do
+    run_vqa "vqa-no-copies-$first-$batch" "$first" "$batch" vqa-hpc-no-copies --weight-copies false
+    write_table
+  done
+fi
 if ((crop)); then
   for batch in "${batches[@]}"; do
     run_vqa "vqa-crop-$first-$batch" "$first" "$batch" vqa-hpc-crop \

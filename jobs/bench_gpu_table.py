@@ -4,15 +4,17 @@
 
 Prints the table (one line per row, vqa-hpc then PyTorch per batch), the
 ratios of vqa-hpc bf16 (eager and graph) to PyTorch eager and to the best
-torch.compile mode, and writes TABLE_CSV. Run from the repository root
+torch.compile mode, and of vqa-hpc with its weight copies to without, and
+writes TABLE_CSV. Run from the repository root
 (model_flops.py is beside it).
 """
 import csv, json, os, re, sys
 rows_path, csv_path, model_line, max_len, peak, parameters, steps = sys.argv[1:8]
 rows = [json.loads(line) for line in open(rows_path) if line.strip()]
 # Per batch: vqa-hpc by precision, then PyTorch eager, then the compile modes.
-order = {"vqa-hpc": 0, "vqa-hpc-graph": 1, "vqa-hpc-crop": 2, "pytorch-eager": 3}
-rows.sort(key=lambda r: (r["batch"], order.get(r["impl"], 4), r["impl"],
+order = {"vqa-hpc": 0, "vqa-hpc-graph": 1, "vqa-hpc-no-copies": 2, "vqa-hpc-crop": 3,
+         "pytorch-eager": 4}
+rows.sort(key=lambda r: (r["batch"], order.get(r["impl"], 5), r["impl"],
                          ["bf16", "fp16", "fp32"].index(r["precision"])))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model_flops import forward_flops, model_sizes  # the GPU check's formula too
@@ -76,6 +78,12 @@ for batch in sorted({row["batch"] for row in rows}):
         else:
             parts.append("/ torch.compile: no row ran")
         print("; ".join(parts))
+    for precision in ("bf16", "fp16"):
+        with_copies = done.get("vqa-hpc/" + precision)
+        without = done.get("vqa-hpc-no-copies/" + precision)
+        if with_copies and without:
+            print(f"batch {batch}: {precision} with weight copies / without = "
+                  f"{with_copies / without:.2f}")
     crop = next((r for r in rows if r["batch"] == batch and r["impl"] == "vqa-hpc-crop"
                  and r.get("data_wait_percent") is not None), None)
     if crop:

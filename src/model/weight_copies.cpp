@@ -2,6 +2,7 @@
 
 #include <torch/version.h>
 
+#include <map>
 #include <stdexcept>
 #include <utility>
 
@@ -25,8 +26,34 @@ void copy_tensors(const std::vector<torch::Tensor>& into, const std::vector<torc
 }
 
 void add_tensors(const std::vector<torch::Tensor>& into, const std::vector<torch::Tensor>& from) {
-  if (into.empty()) return;
-  at::_foreach_add_(into, from);
+  // One multi-tensor add per dtype of `into` (the float32 slots: one); a
+  // `from` of another dtype is first copied, converted, into a buffer of
+  // that dtype, by one multi-tensor copy for all of them.
+  std::map<at::ScalarType, std::vector<size_t>> by_dtype;
+  for (size_t i = 0; i < into.size(); ++i) by_dtype[into[i].scalar_type()].push_back(i);
+  for (const auto& [dtype, positions] : by_dtype) {
+    int64_t converted = 0;
+    for (const size_t i : positions) {
+      if (from[i].scalar_type() != dtype) converted += from[i].numel();
+    }
+    const auto buffer = converted > 0 ? torch::empty({converted}, into[positions.front()].options())
+                                      : torch::Tensor();
+    std::vector<torch::Tensor> sum_into, sum_from, views, sources;
+    int64_t offset = 0;
+    for (const size_t i : positions) {
+      sum_into.push_back(into[i]);
+      if (from[i].scalar_type() == dtype) {
+        sum_from.push_back(from[i]);
+        continue;
+      }
+      views.push_back(buffer.narrow(0, offset, from[i].numel()).view(from[i].sizes()));
+      sources.push_back(from[i]);
+      sum_from.push_back(views.back());
+      offset += from[i].numel();
+    }
+    copy_tensors(views, sources);
+    at::_foreach_add_(sum_into, sum_from);
+  }
 }
 
 namespace {
@@ -73,6 +100,7 @@ WeightCopies::WeightCopies(torch::nn::Module& root, at::ScalarType dtype) : dtyp
       entry.copy.requires_grad_(true);
       parameters_.push_back(entry.parameter);
       copies_.push_back(entry.copy);
+      index_of_.emplace(entry.name, entries_.size());
       entries_.push_back(std::move(entry));
     }
   }
@@ -99,10 +127,8 @@ void WeightCopies::point_at(bool copies) {
 }
 
 torch::Tensor WeightCopies::copy_of(const std::string& name) const {
-  for (const auto& entry : entries_) {
-    if (entry.name == name) return entry.copy;
-  }
-  return {};
+  const auto found = index_of_.find(name);
+  return found == index_of_.end() ? torch::Tensor() : entries_[found->second].copy;
 }
 
 int64_t WeightCopies::bytes() const {

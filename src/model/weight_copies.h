@@ -11,7 +11,8 @@
 // own, so its gradient (in the compute dtype, the same values the cast back
 // would have widened) arrives per tensor during backward, where
 // GradientSynchronizer (train/gradient_sync.h) copies it into the float32
-// parameter's slot with its bucket's others in one operator. The float32
+// parameter's slot with its bucket's other copies' in one operator (the
+// bucket's float32 gradients in another: one per source dtype). The float32
 // parameters stay the model's parameters: the optimiser, checkpoints, the
 // M3AE import and export see only them. This is the arithmetic of autocast
 // for a weight used once per forward (every weight here), bit for bit.
@@ -20,15 +21,20 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace vqa::model {
 
-// into[i] = from[i] (into[i] += from[i]) for every i, converting the dtype
-// where they differ: one multi-tensor operator where this LibTorch has one
-// (on a GPU one kernel per chunk of tensors of one dtype pair), one per
-// tensor with LibTorch 1.13, which has no multi-tensor copy.
+// into[i] = from[i] for every i, converting the dtype where they differ:
+// one multi-tensor operator where this LibTorch has one (on a GPU one
+// kernel per chunk of tensors of one dtype pair), one per tensor with
+// LibTorch 1.13, which has no multi-tensor copy.
 void copy_tensors(const std::vector<torch::Tensor>& into, const std::vector<torch::Tensor>& from);
+// into[i] += from[i] for every i. ATen's multi-tensor add runs one kernel per
+// chunk only when all its tensors share one dtype (else one per tensor), so
+// the `from` tensors of another dtype than their `into` are first copied,
+// converted, into one buffer by copy_tensors; the sums are the same.
 void add_tensors(const std::vector<torch::Tensor>& into, const std::vector<torch::Tensor>& from);
 
 class WeightCopies {
@@ -68,7 +74,8 @@ class WeightCopies {
 
   at::ScalarType dtype_;
   std::vector<Entry> entries_;
-  std::vector<torch::Tensor> parameters_, copies_;  // the entries', for the multi-tensor copy
+  std::unordered_map<std::string, size_t> index_of_;  // entries_' positions by name
+  std::vector<torch::Tensor> parameters_, copies_;    // the entries', for the multi-tensor copy
   bool on_copies_ = false;
 };
 

@@ -28,8 +28,10 @@
 // (NamedTensor::compute: model::WeightCopies) has a hook on the copy's
 // accumulator too: its gradient arrives in the copy's dtype and is staged
 // in every micro-step, then copied into the float32 slot (the first
-// micro-step) or added to it (later ones), one multi-tensor operator per
-// bucket and dtype, converting as the cast back in backward would have.
+// micro-step) or added to it (later ones: first copied, converted, into one
+// float32 buffer, as ATen's multi-tensor add takes one dtype), a
+// multi-tensor operator per bucket and dtype, converting as the cast back
+// in backward would have.
 //
 // Row sync (GradientSyncOptions::row_sync_parameter, the word embedding):
 // that table gets a bucket of its own, and instead of its whole gradient

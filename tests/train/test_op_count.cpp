@@ -45,6 +45,7 @@
 #include "train/batches.h"         // vqa_loss
 #include "train/gradient_sync.h"   // GradientSynchronizer
 #include "train/optimizer.h"       // VqaOptimizer, aten_fused_adamw_available
+#include "train/setup.h"           // trainable_parameters
 
 namespace {
 
@@ -218,10 +219,7 @@ CountedStep count_one_step(vqa::model::ModelConfig config, bool packed_attention
   settings.aten_fused_on_cpu = vqa::train::aten_fused_adamw_available();
   vqa::train::VqaOptimizer optimizer(model, settings);
   OneRankCommunicator comm;
-  std::vector<vqa::train::NamedTensor> parameters;
-  for (const auto& item : model->named_parameters())
-    parameters.push_back({item.key(), item.value(), model->weight_copy(item.key())});
-  vqa::train::GradientSynchronizer gradients(std::move(parameters), comm, {});
+  vqa::train::GradientSynchronizer gradients(vqa::train::trainable_parameters(model), comm, {});
 
   const int64_t batch = 2, length = 12;
   const auto images = torch::randn({batch, 3, config.image_size, config.image_size});

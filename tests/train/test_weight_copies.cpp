@@ -10,6 +10,8 @@
 // roundings of the same values, the gradients of the copies widened once as
 // the casts back widened them). Needs bf16 CPU autocast (LibTorch 2.4 on;
 // with 1.13 these cases skip, and CI runs them in its LibTorch 2.6 stage).
+// The multi-tensor add of mixed dtypes that later micro-steps use is
+// checked on its own on every version.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -22,6 +24,7 @@
 #include "cpu_autocast.h"          // CpuAutocast
 #include "model/layers.h"          // set_packed_projections
 #include "model/m3ae.h"            // M3AE
+#include "model/weight_copies.h"   // add_tensors
 #include "runtime/communicator.h"  // communicator_create
 #include "runtime/distributed.h"   // distributed_rank_info
 #include "tiny_m3ae.h"             // tiny_m3ae_model
@@ -218,6 +221,39 @@ TEST(WeightCopies, StandInForTheCastWeightsOnlyAndOnlyUnderAutocast) {
   // And back to float32 afterwards.
   EXPECT_TRUE(torch::equal(model->forward(images, token_ids, mask),
                            plain->forward(images, token_ids, mask)));
+}
+
+// The buckets' multi-tensor add (later micro-steps' copy gradients into
+// float32 slots): the sources of another dtype than their slot are widened
+// into one buffer first, and the sums equal a per-tensor add_'s bit for bit
+// (tolerance 0: widening bf16 or fp16 to float32 is exact, and the add is
+// then the same float32 addition). Every LibTorch version.
+TEST(WeightCopies, AddTensorsSumsMixedDtypesAsAddPerTensor) {
+  torch::manual_seed(3);
+  const auto flat = torch::randn({7 + 12 + 5 + 9});
+  const std::vector<std::vector<int64_t>> shapes = {{7}, {3, 4}, {5}, {9}};
+  const std::vector<at::ScalarType> dtypes = {torch::kBFloat16, torch::kFloat32, torch::kHalf,
+                                              torch::kBFloat16};
+  std::vector<torch::Tensor> into, from, expected;
+  int64_t offset = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto numel = torch::ones(shapes[i]).numel();
+    into.push_back(flat.narrow(0, offset, numel).view(shapes[i]));
+    from.push_back(torch::randn(shapes[i]).to(dtypes[i]));
+    expected.push_back(into.back().clone().add_(from.back()));
+    offset += numel;
+  }
+  std::vector<torch::Tensor> from_values;  // the sources must not change
+  for (const auto& tensor : from) from_values.push_back(tensor.clone());
+  vqa::model::add_tensors(into, from);
+  for (size_t i = 0; i < into.size(); ++i) {
+    EXPECT_EQ(into[i].scalar_type(), torch::kFloat32) << i;
+    EXPECT_TRUE(torch::equal(into[i], expected[i])) << "tensor " << i;
+    EXPECT_TRUE(torch::equal(from[i], from_values[i])) << "source " << i << " changed";
+  }
+  // The slots are views of one buffer: the sums are in it.
+  EXPECT_TRUE(torch::equal(flat.narrow(0, 7, 12).view({3, 4}), expected[1]));
+  vqa::model::add_tensors({}, {});  // nothing to add: no error
 }
 
 }  // namespace
