@@ -221,7 +221,8 @@ if [[ $device == cuda ]] && "$python" -c 'import inspect, sys, torch; sys.exit(0
 else
   torch_flags+=(--foreach)
 fi
-# vqa_train's autocast is GPU-only: on the CPU every row computes in float32.
+# On the CPU the reference computes in float32 (a dry run of the route, not a
+# comparison); vqa_train's bf16 rows autocast there only with LibTorch 2.4 on.
 torch_precision=bf16
 torch_note="bf16 autocast, attention $torch_attention, $optimizer_note, no DDP on one GPU, TF32 at PyTorch's defaults"
 if [[ $device == cpu ]]; then
@@ -416,7 +417,7 @@ write_table() {
     echo "# vqa-hpc and PyTorch on one $where, one rank: preset $preset, ${image_size} px, questions padded to $question_length tokens, $steps timed steps (vqa_train: its second epoch; PyTorch: after $warmup warm-up steps)"
     echo "# vqa_train: $build/vqa_train; fp32 without TF32 in matrix products (its default, LibTorch's)"
     echo "# PyTorch $torch_version: $torch_note$torch_compile_note"
-    [[ $device == cpu ]] && echo "# CPU dry run: vqa_train's autocast is GPU-only, so every row computes in float32; MFU against $peak_tflops TFLOP/s means nothing here"
+    [[ $device == cpu ]] && echo "# CPU dry run: PyTorch's rows compute in float32, and so do vqa_train's unless its LibTorch (2.4 on) autocasts on the CPU, which each run's train.log says; MFU against $peak_tflops TFLOP/s means nothing here"
     echo "# samples/s: batch / median step time; MFU against $peak_tflops TFLOP/s; ops/step, kernels/step, host_ms (inside host operators), gpu_idle_ms: 2 steps under the profiler; kernels/step, gpu_idle_ms on a GPU only"
     cat "$work/table.txt"
   } >"$out_dir/table.txt"

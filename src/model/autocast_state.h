@@ -16,6 +16,15 @@
 
 namespace vqa::model {
 
+// Whether bf16 autocast on the CPU can run this model: LibTorch 2.4 on.
+// 1.13's cannot (its CPU LayerNorm refuses bfloat16 input with float32
+// weights).
+#ifdef VQA_AUTOCAST_BY_DEVICE
+inline constexpr bool kCpuAutocastRunsTheModel = true;
+#else
+inline constexpr bool kCpuAutocastRunsTheModel = false;
+#endif
+
 // Whether autocast is on for `device` (CPU or CUDA).
 inline bool autocast_enabled(c10::DeviceType device) {
 #ifdef VQA_AUTOCAST_BY_DEVICE

@@ -22,6 +22,7 @@
 #include "runtime/cuda_graph.h"    // cuda_graph_unavailable_reason
 #include "runtime/distributed.h"   // distributed_gather_strings, distributed_broadcast_bytes
 #include "runtime/system_info.h"   // blas_description
+#include "train/autocast.h"        // autocast_runs
 #include "train/checkpoint.h"      // checkpoint_latest, checkpoint_load, checkpoint_load_model
 #include "util/durable_file.h"     // write_file_atomically
 #include "util/options.h"          // option_text
@@ -194,10 +195,21 @@ void setup_packed_attention(const TrainConfig& config, const torch::Device& devi
   }
 }
 
-void setup_weight_copies(const TrainConfig& config, const torch::Device& device, model::M3AE& model,
-                         RunLog& log) {
+void setup_precision(const TrainConfig& config, const torch::Device& device, model::M3AE& model,
+                     RunLog& log) {
   const at::ScalarType dtype = config.autocast_dtype();
-  if (!config.weight_copies || !device.is_cuda() || dtype == at::kFloat) return;
+  if (device.is_cpu() && dtype == at::kBFloat16) {
+    if (autocast_runs(device, dtype)) {
+      log.info("--precision bf16 on the CPU: bfloat16 autocast of the forward (LibTorch " +
+               std::string(TORCH_VERSION) + ")");
+    } else {
+      log.warn("--precision bf16 on the CPU: computing in float32. LibTorch " +
+               std::string(TORCH_VERSION) +
+               "'s CPU autocast cannot run this model (its LayerNorm refuses bfloat16 input "
+               "with float32 weights); LibTorch 2.4 or later autocasts it");
+    }
+  }
+  if (!config.weight_copies || !autocast_runs(device, dtype)) return;
   model->use_weight_copies(dtype);
   const auto* copies = model->weight_copies();
   log.info("weight copies: " + std::to_string(copies->size()) + " weight and bias tensors in " +

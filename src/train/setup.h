@@ -97,12 +97,14 @@ data::ShardedLoader open_loader(const std::string& path, data::Split split,
 // does not fill one --global-batch.
 int64_t steps_per_epoch_or_exit(const data::ShardedLoader& train_loader, const TrainConfig& config);
 
-// --weight-copies under --precision bf16 or fp16 on a GPU: the model's
-// forward computes with copies of its weights in that dtype (M3AE::
-// use_weight_copies); after the model has its device, before
-// trainable_parameters.
-void setup_weight_copies(const TrainConfig& config, const torch::Device& device, model::M3AE& model,
-                         RunLog& log);
+// --precision bf16 or fp16 where the forward runs under autocast
+// (autocast_runs: a GPU, or bf16 on the CPU with LibTorch 2.4 on): with
+// --weight-copies the model's forward computes with copies of its weights
+// in that dtype (M3AE::use_weight_copies). --precision bf16 on the CPU says
+// in the log whether it autocasts or, with LibTorch 1.13, computes in
+// float32. After the model has its device, before trainable_parameters.
+void setup_precision(const TrainConfig& config, const torch::Device& device, model::M3AE& model,
+                     RunLog& log);
 
 // The model's parameters that require a gradient, in registration order,
 // each with its compute copy where the model has one.

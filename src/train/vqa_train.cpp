@@ -75,7 +75,7 @@ int run_job(const runtime::RankInfo& rank, int argc, char** argv) {
   train::setup_packed_attention(config, device, model, log);
   const std::string initialized_from = train::init_model_if_asked(config, model, log);
   model->to(device);
-  train::setup_weight_copies(config, device, model, log);
+  train::setup_precision(config, device, model, log);
   auto comm = runtime::communicator_create(config.backend, device, config.mpi_allreduce);
   train::broadcast_module_state(*model, *comm);
   const auto step_graph = train::setup_step_graph(graph_plan, device);  // --cuda-graph

@@ -8,15 +8,11 @@
 
 #include <stdexcept>
 
-#include "model/autocast_state.h"  // autocast_enable, VQA_AUTOCAST_BY_DEVICE
+#include "model/autocast_state.h"  // autocast_enable, kCpuAutocastRunsTheModel
 
 namespace vqa::testing {
 
-#ifdef VQA_AUTOCAST_BY_DEVICE
-inline constexpr bool kCpuAutocastRunsTheModel = true;
-#else
-inline constexpr bool kCpuAutocastRunsTheModel = false;
-#endif
+using vqa::model::kCpuAutocastRunsTheModel;
 
 class CpuAutocast {
  public:

@@ -1,8 +1,9 @@
 // vqa_train end to end under mpirun on a small synthetic set: exact resume,
 // resume at another rank count, a stop signal (checkpoint, exit 75, exact
 // resume mid-epoch), non-finite gradients (stop or skip), fp16 loss scaling
-// across a resume, the same skips decided on the device, and refusal of a
-// global batch that does not divide. The equivalence across rank counts is
+// across a resume, the same skips decided on the device, bf16 on the CPU
+// (autocast where LibTorch can), and refusal of a global batch that does
+// not divide. The equivalence across rank counts is
 // test_training_equivalence.cpp.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -289,6 +290,59 @@ TEST_F(TrainingRuns, SkipsDecidedOnTheDeviceAreReadAStepLater) {
             std::string::npos)
       << stopped.output;
   EXPECT_FALSE(fs::exists(out + "/checkpoints/epoch-0001.pt"));
+}
+
+// --precision bf16 on the CPU, 2 ranks of 2 micro-steps each, evaluated under
+// autocast too. With LibTorch 2.4 on the forward autocasts: the weight copies
+// (the default) and autocast's casts (--weight-copies false) end in the same
+// weights and metrics bit for bit (tolerance 0: the same roundings, each
+// gradient widened once as the cast back widens it), and the weights are
+// apart from float32's (more than 1e-6 relative in some tensor: autocast
+// acted) yet near them (all weights as one vector within 2e-2 relative
+// after 4 steps; measured 4.6e-3 with LibTorch 2.6, the tensor furthest
+// 4.6e-2).
+// With LibTorch 1.13, whose CPU autocast cannot run the model, the log says
+// so and the run is float32's to the last bit.
+TEST_F(TrainingRuns, Bf16OnTheCpuAutocastsWhereLibTorchCan) {
+  constexpr bool kCpuAutocast =
+      TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4);
+  const std::string common =
+      " --epochs 1 --max-steps-per-epoch 4 --global-batch 16 --batch-per-rank 4 --eval-every 1 ";
+  const auto checkpoint = "/checkpoints/epoch-0000.pt";
+  const auto float32_dir = train("cpu-fp32", 2, common);
+  const auto copies_dir = train("cpu-bf16", 2, common + "--precision bf16");
+  const std::string output = last_output_;
+  const auto float32 = load_model(float32_dir + checkpoint);
+  const auto copies = load_model(copies_dir + checkpoint);
+  if (!kCpuAutocast) {
+    EXPECT_NE(output.find("--precision bf16 on the CPU: computing in float32"), std::string::npos)
+        << output;
+    EXPECT_EQ(differing_tensors(copies, float32), "");
+    return;
+  }
+  EXPECT_NE(output.find("--precision bf16 on the CPU: bfloat16 autocast of the forward"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("weight copies: "), std::string::npos) << output;
+  const auto casts_dir =
+      train("cpu-bf16-casts", 2, common + "--precision bf16 --weight-copies false");
+  EXPECT_EQ(last_output_.find("weight copies: "), std::string::npos) << last_output_;
+  EXPECT_EQ(differing_tensors(copies, load_model(casts_dir + checkpoint)), "");
+  const auto with_copies = read_metrics(copies_dir);
+  const auto with_casts = read_metrics(casts_dir);
+  ASSERT_EQ(with_copies.size(), 1u);
+  ASSERT_EQ(with_casts.size(), 1u);
+  for (const char* key : {"train_loss", "test_loss", "overall"}) {
+    EXPECT_EQ(with_copies[0][key].get<double>(), with_casts[0][key].get<double>()) << key;
+  }
+  const double largest = max_relative_difference(copies, float32);
+  const double whole = vqa::testing::whole_relative_difference(copies, float32);
+  std::printf(
+      "bf16 CPU autocast vs float32 after 4 steps: relative difference %.3g of all weights, "
+      "%.3g in the tensor furthest\n",
+      whole, largest);
+  EXPECT_GT(largest, 1e-6);
+  EXPECT_LT(whole, 2e-2);
 }
 
 TEST_F(TrainingRuns, GlobalBatchThatDoesNotDivideIsRefusedOnEveryRank) {
