@@ -25,7 +25,7 @@
 # and prints one table (written to OUT_DIR/table.txt and table.csv). The
 # rows run in the order of what the comparison needs most: vqa-hpc in the
 # first precision and PyTorch eager at each batch, then the graph rows, the
-# torch.compile modes, the rows without weight copies, the crop rows, the
+# rows without weight copies, the torch.compile modes, the crop rows, the
 # other precisions; the table is
 # written again after every row, so a run cut short leaves what it measured.
 #
@@ -81,7 +81,8 @@
 #   WARMUP=10             PyTorch's untimed steps (compilation happens in them)
 #   PRECISIONS="bf16 fp16 fp32"           vqa_train's rows
 #   GRAPH=1               the vqa-hpc-graph row (in the first precision)
-#   COPIES=1              the vqa-hpc-no-copies row (in the first precision)
+#   COPIES=1              the vqa-hpc-no-copies row (in the first precision,
+#                         unless that is fp32, where copies change nothing)
 #   CROP=1                the vqa-hpc-crop row (needs a dataset with source
 #                         images: vqa_prep synth --source-size)
 #   COMPILE_MODES="default reduce-overhead"   torch.compile rows ("" for none)
@@ -427,8 +428,8 @@ batch=${batches[0]}  # ddp_setup's --batch-per-rank; each run gives its own afte
 vqa_extra=("$@")
 echo "bench_gpu.sh: $device, preset $preset, $image_size px, questions of $max_len tokens, batches ${batches[*]}, $steps timed steps; PyTorch $torch_version ($python); logs in $logs" >&2
 # The comparison's core first, at every batch (vqa-hpc in the first
-# precision, PyTorch eager), then the graph rows, each torch.compile mode,
-# the rows without weight copies, the crop rows and vqa-hpc's other
+# precision, PyTorch eager), then the graph rows, the rows without weight
+# copies, each torch.compile mode, the crop rows and vqa-hpc's other
 # precisions.
 first=${precisions[0]}
 for batch in "${batches[@]}"; do
@@ -447,18 +448,18 @@ if ((graph)); then
     write_table
   done
 fi
+if ((copies)) && [[ $first != fp32 ]]; then
+  for batch in "${batches[@]}"; do
+    run_vqa "vqa-no-copies-$first-$batch" "$first" "$batch" vqa-hpc-no-copies --weight-copies false
+    write_table
+  done
+fi
 for mode in "${compile_modes[@]}"; do
   for batch in "${batches[@]}"; do
     run_torch "pytorch-compile-$mode" "$batch" --compile "$mode"
     write_table
   done
 done
-if ((copies)); then
-  for batch in "${batches[@]}"; do
-    run_vqa "vqa-no-copies-$first-$batch" "$first" "$batch" vqa-hpc-no-copies --weight-copies false
-    write_table
-  done
-fi
 if ((crop)); then
   for batch in "${batches[@]}"; do
     run_vqa "vqa-crop-$first-$batch" "$first" "$batch" vqa-hpc-crop \

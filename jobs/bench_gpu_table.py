@@ -11,7 +11,8 @@ writes TABLE_CSV. Run from the repository root
 import csv, json, os, re, sys
 rows_path, csv_path, model_line, max_len, peak, parameters, steps = sys.argv[1:8]
 rows = [json.loads(line) for line in open(rows_path) if line.strip()]
-# Per batch: vqa-hpc by precision, then PyTorch eager, then the compile modes.
+# Per batch: vqa-hpc by precision (eager, graph, without copies, crop), then
+# PyTorch eager, then the compile modes.
 order = {"vqa-hpc": 0, "vqa-hpc-graph": 1, "vqa-hpc-no-copies": 2, "vqa-hpc-crop": 3,
          "pytorch-eager": 4}
 rows.sort(key=lambda r: (r["batch"], order.get(r["impl"], 5), r["impl"],

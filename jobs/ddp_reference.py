@@ -944,7 +944,7 @@ def main():
     fast.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                       help="cuda: rank r on GPU r, NCCL between ranks, no DDP on 1 rank")
     fast.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
-                      help="bf16 / fp16 (GPU only, as vqa_train's): torch.autocast around "
+                      help="bf16 / fp16 (GPU only here): torch.autocast around "
                            "forward and loss; fp16 with GradScaler")
     fast.add_argument("--tf32", choices=("on", "off", "default"), default="default",
                       help="GPU: torch.backends.cuda.matmul.allow_tf32 and "
@@ -998,8 +998,8 @@ def main():
         return
     require_features(args)
     if args.precision != "fp32" and args.device == "cpu":
-        parser.error(f"--precision {args.precision} needs --device cuda (autocast on the GPU "
-                     "only, as vqa_train's: on the CPU both compute in float32)")
+        parser.error(f"--precision {args.precision} needs --device cuda (the reference "
+                     "autocasts on the GPU only; on the CPU it computes in float32)")
     if args.device == "cuda":
         if not torch.cuda.is_available():
             parser.error("--device cuda: this PyTorch sees no usable GPU "

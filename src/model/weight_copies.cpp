@@ -26,15 +26,23 @@ void copy_tensors(const std::vector<torch::Tensor>& into, const std::vector<torc
 }
 
 void add_tensors(const std::vector<torch::Tensor>& into, const std::vector<torch::Tensor>& from) {
+  TORCH_CHECK(into.size() == from.size(), "add_tensors: ", into.size(), " tensors to add into, ",
+              from.size(), " to add");
   // One multi-tensor add per dtype of `into` (the float32 slots: one); a
-  // `from` of another dtype is first copied, converted, into a buffer of
-  // that dtype, by one multi-tensor copy for all of them.
+  // `from` of a narrower dtype is first copied, widened, into a buffer of
+  // that dtype, by one multi-tensor copy for all of them. Widening is exact,
+  // so each sum is add_'s; a wider `from` (which add_ would not round
+  // first) is added as it is.
+  const auto widens = [&](size_t i, at::ScalarType dtype) {
+    return from[i].scalar_type() != dtype &&
+           c10::promoteTypes(from[i].scalar_type(), dtype) == dtype;
+  };
   std::map<at::ScalarType, std::vector<size_t>> by_dtype;
   for (size_t i = 0; i < into.size(); ++i) by_dtype[into[i].scalar_type()].push_back(i);
   for (const auto& [dtype, positions] : by_dtype) {
     int64_t converted = 0;
     for (const size_t i : positions) {
-      if (from[i].scalar_type() != dtype) converted += from[i].numel();
+      if (widens(i, dtype)) converted += from[i].numel();
     }
     const auto buffer = converted > 0 ? torch::empty({converted}, into[positions.front()].options())
                                       : torch::Tensor();
@@ -42,7 +50,7 @@ void add_tensors(const std::vector<torch::Tensor>& into, const std::vector<torch
     int64_t offset = 0;
     for (const size_t i : positions) {
       sum_into.push_back(into[i]);
-      if (from[i].scalar_type() == dtype) {
+      if (!widens(i, dtype)) {
         sum_from.push_back(from[i]);
         continue;
       }

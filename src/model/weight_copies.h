@@ -31,10 +31,11 @@ namespace vqa::model {
 // kernel per chunk of tensors of one dtype pair), one per tensor with
 // LibTorch 1.13, which has no multi-tensor copy.
 void copy_tensors(const std::vector<torch::Tensor>& into, const std::vector<torch::Tensor>& from);
-// into[i] += from[i] for every i. ATen's multi-tensor add runs one kernel per
-// chunk only when all its tensors share one dtype (else one per tensor), so
-// the `from` tensors of another dtype than their `into` are first copied,
-// converted, into one buffer by copy_tensors; the sums are the same.
+// into[i] += from[i] for every i, each sum add_'s. ATen's multi-tensor add
+// runs one kernel per chunk only when all its tensors share one dtype (else
+// one per tensor), so the `from` tensors of a narrower dtype than their
+// `into` (bf16 gradients into float32 slots) are first widened, exactly,
+// into one buffer by copy_tensors.
 void add_tensors(const std::vector<torch::Tensor>& into, const std::vector<torch::Tensor>& from);
 
 class WeightCopies {

@@ -31,7 +31,8 @@ struct PredictionOptions {
 // Collective. Runs under NoGradGuard with the model in eval mode, and puts
 // it back in train mode. `epoch` picks the loader's epoch (its order does not
 // matter: the split is not shuffled). Rank 0 gets the prediction records.
-// autocast_dtype: the forward's autocast on GPU (TrainConfig::autocast_dtype).
+// autocast_dtype: the forward's autocast where it runs (TrainConfig::
+// autocast_dtype, autocast_runs).
 EvalStats evaluate(model::M3AE& model, data::ShardedLoader& loader, runtime::Communicator& comm,
                    const torch::Device& device, int64_t epoch, at::ScalarType autocast_dtype,
                    const PredictionOptions& predictions = {});

@@ -205,8 +205,8 @@ void setup_precision(const TrainConfig& config, const torch::Device& device, mod
     } else {
       log.warn("--precision bf16 on the CPU: computing in float32. LibTorch " +
                std::string(TORCH_VERSION) +
-               "'s CPU autocast cannot run this model (its LayerNorm refuses bfloat16 input "
-               "with float32 weights); LibTorch 2.4 or later autocasts it");
+               " is not used for bf16 autocast on the CPU (1.13's CPU LayerNorm refuses "
+               "bfloat16 input with float32 weights); LibTorch 2.4 or later autocasts it");
     }
   }
   if (!config.weight_copies || !autocast_runs(device, dtype)) return;

@@ -138,8 +138,9 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            "count. Needs 2 or more ranks")
       .add_choice(
           "precision", &c.precision,
-          "fp32 | bf16 (bfloat16 autocast of the forward pass; on the CPU with LibTorch 2.4 "
-          "or later, float32 there with older ones, which the log says) | fp16 (float16 autocast "
+          "fp32 | bf16 (bfloat16 autocast of the forward pass: on a GPU, and on the CPU with "
+          "LibTorch 2.4 or later; with older LibTorch the CPU computes in float32 and train.log "
+          "warns) | fp16 (float16 autocast "
           "on GPU with dynamic loss scaling as PyTorch's GradScaler: scale 2^16, halved and the "
           "step skipped on an overflow, doubled after --loss-scale-interval finite steps; on "
           "the CPU the loss scaler runs around float32 compute)",
@@ -154,8 +155,9 @@ void declare_options(util::OptionTable& table, TrainConfig& c) {
            util::Range{1, 1e9})
       .add("bf16-autocast", &c.bf16_autocast, "the same as --precision bf16 (older spelling)")
       .add("bf16-hidden-states", &c.bf16_hidden_states,
-           "bf16 (autocast): the hidden states stay bfloat16 between blocks (LayerNorms with "
-           "float32 statistics return bfloat16, not autocast's float32); off by default: no fewer "
+           "bf16: the hidden states stay bfloat16 between blocks (LayerNorms with float32 "
+           "statistics return bfloat16, not the float32 of CUDA autocast's LayerNorm); off by "
+           "default: no fewer "
            "operators and losses further from float32's (docs/benchmarks.md)")
       .add("weight-copies", &c.weight_copies,
            "bf16 or fp16 where the forward autocasts (a GPU; bf16 on the CPU with LibTorch 2.4 "

@@ -111,12 +111,13 @@ struct TrainConfig {
   bool shard_optimizer = false;
   bool bf16_autocast = false;  // the older spelling of precision = "bf16"
   bool tf32 = false;           // fp32 matmuls on TF32 tensor cores (GPU)
-  // bf16: bfloat16 autocast, GPU; fp16: float16 autocast on GPU with dynamic
-  // loss scaling (on the CPU the loss scaler around float32)
+  // bf16: bfloat16 autocast (GPU; CPU with LibTorch 2.4 on: autocast_runs);
+  // fp16: float16 autocast on GPU with dynamic loss scaling (on the CPU the
+  // loss scaler around float32)
   Precision precision = Precision::kFp32;
   int64_t loss_scale_interval = 2000;  // fp16: finite steps before the scale doubles
   bool bf16_hidden_states = false;     // bf16: LayerNorms return bf16 (ModelConfig)
-  bool weight_copies = true;           // bf16/fp16 on GPU: compute with copies of the weights
+  bool weight_copies = true;           // where autocast runs: compute with copies of the weights
   PackedAttention packed_attention = PackedAttention::kAuto;  // one GEMM for q, k, v
   bool cuda_graph = false;  // GPU: replay each step's forward and backward as a CUDA graph
   bool copy_stream = true;  // GPU: batches copied to the device on a side stream
@@ -152,7 +153,8 @@ struct TrainConfig {
   int world_size = 1;
   int64_t accumulation_steps = 1;
 
-  // The forward's autocast dtype on GPU: kBFloat16, kHalf, or kFloat (none).
+  // The forward's autocast dtype: kBFloat16, kHalf, or kFloat (none); where
+  // it applies: autocast_runs (train/autocast.h).
   at::ScalarType autocast_dtype() const {
     return precision == Precision::kBf16   ? at::kBFloat16
            : precision == Precision::kFp16 ? at::kHalf

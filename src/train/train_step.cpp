@@ -81,8 +81,8 @@ std::optional<bool> text_padded(const data::Batch& host_batch) {
   return std::find(values, values + mask.numel(), 0) != values + mask.numel();
 }
 
-// Forward and loss of one micro-step, under autocast on a GPU (without its
-// cache of casts inside a capture: autocast.h). padded: text_padded.
+// Forward and loss of one micro-step, under autocast where it runs (without
+// its cache of casts inside a capture: autocast.h). padded: text_padded.
 torch::Tensor forward_loss(TrainingParts& parts, const data::Batch& batch, bool autocast_cache,
                            std::optional<bool> padded = std::nullopt) {
   AutocastScope autocast(parts.device, parts.config.autocast_dtype(), autocast_cache);

@@ -10,9 +10,9 @@
 #      and OpenCV coming from .gpu-check/debs (tests/gpu/make_bundle.sh),
 #      unpacked into a prefix of their own;
 #   b. the side-by-side table (jobs/bench_gpu.sh): vqa_train eager and
-#      with --cuda-graph, PyTorch eager and torch.compile, at 16 and 64 per
-#      step in bf16, then without weight copies, the crop and fp16 rows
-#      while time is left; the table is rewritten after every row;
+#      with --cuda-graph (and without weight copies), PyTorch eager and
+#      torch.compile, at 16 and 64 per step in bf16, then the crop and fp16
+#      rows while time is left; the table is rewritten after every row;
 #   2. runs every test program with a CUDA branch (the communicator's NCCL
 #      cases, the loader's pinned batches, checkpoints across devices; they
 #      skip without a GPU and must not skip with one) and vqa_allreduce_bench

@@ -1,5 +1,6 @@
 // bf16 autocast of the CPU's operators for a scope, as the trainer's
-// AutocastScope does for a GPU: the tests of the bf16 step run on the CPU.
+// AutocastScope does (on the CPU too where it can): the tests of the bf16
+// step run on the CPU.
 // LibTorch 2.4 on: 1.13's CPU autocast cannot run this model (its CPU
 // LayerNorm refuses bf16 input with float32 weights).
 #pragma once

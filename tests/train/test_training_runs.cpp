@@ -17,6 +17,7 @@
 #include <string>
 
 #include "checkpoint_files.h"       // load_model, load_checkpoint, max_relative_difference, ...
+#include "model/autocast_state.h"   // kCpuAutocastRunsTheModel
 #include "process.h"                // run_process, mpirun_prefix
 #include "run_files.h"              // read_metrics
 #include "training_runs_fixture.h"  // TrainingRuns
@@ -304,8 +305,6 @@ TEST_F(TrainingRuns, SkipsDecidedOnTheDeviceAreReadAStepLater) {
 // With LibTorch 1.13, whose CPU autocast cannot run the model, the log says
 // so and the run is float32's to the last bit.
 TEST_F(TrainingRuns, Bf16OnTheCpuAutocastsWhereLibTorchCan) {
-  constexpr bool kCpuAutocast =
-      TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4);
   const std::string common =
       " --epochs 1 --max-steps-per-epoch 4 --global-batch 16 --batch-per-rank 4 --eval-every 1 ";
   const auto checkpoint = "/checkpoints/epoch-0000.pt";
@@ -314,7 +313,7 @@ TEST_F(TrainingRuns, Bf16OnTheCpuAutocastsWhereLibTorchCan) {
   const std::string output = last_output_;
   const auto float32 = load_model(float32_dir + checkpoint);
   const auto copies = load_model(copies_dir + checkpoint);
-  if (!kCpuAutocast) {
+  if (!vqa::model::kCpuAutocastRunsTheModel) {
     EXPECT_NE(output.find("--precision bf16 on the CPU: computing in float32"), std::string::npos)
         << output;
     EXPECT_EQ(differing_tensors(copies, float32), "");

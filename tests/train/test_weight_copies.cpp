@@ -254,6 +254,26 @@ TEST(WeightCopies, AddTensorsSumsMixedDtypesAsAddPerTensor) {
   // The slots are views of one buffer: the sums are in it.
   EXPECT_TRUE(torch::equal(flat.narrow(0, 7, 12).view({3, 4}), expected[1]));
   vqa::model::add_tensors({}, {});  // nothing to add: no error
+  EXPECT_THROW(vqa::model::add_tensors(into, {from[0]}), c10::Error);
+
+  // Slots of two dtypes, a wider source (float32 into bf16: added as add_
+  // adds it, rounded once, not narrowed first), a transposed source and an
+  // empty one.
+  std::vector<torch::Tensor> mixed_into = {torch::randn({4, 3}).to(torch::kBFloat16),
+                                           torch::randn({3, 4}), torch::randn({0}),
+                                           torch::randn({5}).to(torch::kBFloat16)};
+  const std::vector<torch::Tensor> mixed_from = {
+      torch::randn({4, 3}), torch::randn({4, 3}).to(torch::kBFloat16).t(),
+      torch::randn({0}).to(torch::kHalf), torch::randn({5}).to(torch::kBFloat16)};
+  std::vector<torch::Tensor> mixed_expected;
+  for (size_t i = 0; i < mixed_into.size(); ++i) {
+    mixed_expected.push_back(mixed_into[i].clone().add_(mixed_from[i]));
+  }
+  vqa::model::add_tensors(mixed_into, mixed_from);
+  for (size_t i = 0; i < mixed_into.size(); ++i) {
+    EXPECT_EQ(mixed_into[i].scalar_type(), mixed_expected[i].scalar_type()) << i;
+    EXPECT_TRUE(torch::equal(mixed_into[i], mixed_expected[i])) << "mixed tensor " << i;
+  }
 }
 
 }  // namespace
