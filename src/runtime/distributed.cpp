@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "runtime/check.h"            // VQA_CHECK_MPI, fatal_user_error
 #include "runtime/mpi_collectives.h"  // mpi_allgather_strings
@@ -41,10 +43,36 @@ void refuse_lone_slurm_task(int world_size) {
       "(VQA_LAUNCHER=mpirun)");
 }
 
+// Open MPI 4 as Debian and Ubuntu build it speaks PMIx only: a task that
+// srun starts with another PMI plugin (--mpi=pmi2, none) fails in MPI_Init
+// with a line from its PMIx client ("OPAL ERROR: Unreachable in file
+// ext3x_client.c") and exits; the explanation Open MPI prints after it may
+// not reach srun's output before srun ends the step. So it is said first,
+// before MPI_Init, by each such task. mpirun's ranks (OMPI_COMM_WORLD_SIZE)
+// are not srun's tasks, whatever plugin srun started mpirun's daemons with.
+void note_srun_plugin_before_mpi_init() {
+#if defined(OMPI_MAJOR_VERSION) && OMPI_MAJOR_VERSION < 5
+  const char* plugin = std::getenv("SLURM_MPI_TYPE");
+  if (plugin == nullptr || std::getenv("SLURM_STEP_ID") == nullptr ||
+      std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::strncmp(plugin, "pmix", 4) == 0) {
+    return;
+  }
+  std::fprintf(stderr,
+               "vqa_train: srun started this task with --mpi=%s (SLURM_MPI_TYPE), but Open MPI "
+               "%d starts under srun only with PMIx unless it was built with Slurm's PMI "
+               "support, so MPI_Init may fail next: launch with srun --mpi=pmix (srun "
+               "--mpi=list names the plugins this Slurm has; jobs/slurm/lib.sh: "
+               "VQA_SRUN_MPI=pmix), or with mpirun (VQA_LAUNCHER=mpirun)\n",
+               plugin, OMPI_MAJOR_VERSION);
+  std::fflush(stderr);
+#endif
+}
+
 }  // namespace
 
 const RankInfo& distributed_init(int* argc, char*** argv) {
   VQA_CHECK(!g_initialized.load(), "distributed_init called twice");
+  note_srun_plugin_before_mpi_init();
   int provided = MPI_THREAD_SINGLE;
   VQA_CHECK_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   // Errors come back as return codes so that our checks can name the call.

@@ -15,8 +15,9 @@
 #     test loss within 1e-5 relative; the two launchers' runs equal each
 #     other exactly (every non-timing field);
 #   - srun --mpi=pmi2: refused, the job FAILED with no DONE marker. Open MPI
-#     4 (Debian's speaks PMIx only) fails in MPI_Init with its message that
-#     it was not built with Slurm's PMI support; Open MPI 5 finds no PMIx
+#     4 (Debian's speaks PMIx only) fails in MPI_Init, after vqa_train's
+#     note naming srun --mpi=pmix (Open MPI's own message that it was not
+#     built with Slurm's PMI support may be cut off); Open MPI 5 finds no PMIx
 #     server and starts each task as a singleton, which vqa_train refuses
 #     at start-up ("the ranks did not find each other", naming
 #     srun --mpi=pmix) instead of training once per task as rank 0;
@@ -147,9 +148,14 @@ if ((ompi_major >= 5)); then
   # Each task refuses; --kill-on-bad-exit may end the second before it says so.
   echo "tasks that printed the refusal: $(grep -c "$refusal" "$output" || true)"
 else
+  # Open MPI's own explanation may not reach srun's output before the step
+  # is ended (its PMIx client's "OPAL ERROR: Unreachable" line alone does);
+  # vqa_train says it before MPI_Init.
   refusal="OMPI was not built with SLURM's PMI support"
+  grep -q "$refusal" "$output" || refusal="srun started this task with --mpi=pmi2"
   grep -q "$refusal" "$output" ||
-    fail "job $job (srun --mpi=pmi2) failed without Open MPI's message naming the missing PMI support"
+    fail "job $job (srun --mpi=pmi2) failed without a message naming the missing PMI support"
+  grep -q "srun --mpi=pmix" "$output" || fail "job $job: the refusal does not name srun --mpi=pmix"
 fi
 echo "srun --mpi=pmi2 refused (Open MPI $ompi_major): $(grep -m 1 "$refusal" "$output" | cut -c 1-200)"
 [[ ! -f $work/run-pmi2/DONE ]] || fail "the pmi2 job wrote a DONE marker"
